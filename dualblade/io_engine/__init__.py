@@ -1,0 +1,1 @@
+"""How bytes move: liburing bindings, the ring thread, storage targets and aligned buffers."""

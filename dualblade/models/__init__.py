@@ -1,0 +1,1 @@
+"""Inference on top of the KV store: an OPT decoder run layer by layer, a transformers Cache."""
