@@ -1,0 +1,177 @@
+"""One caller's transfer, split into chunks, tracked until the kernel is done with its buffer.
+
+Both backends (the io_uring ring thread and the thread-pool compatibility engine) drive the same
+:class:`IORequest`: they pull chunks with :meth:`IORequest.next_chunk`, report each completion
+with :meth:`IORequest.chunk_done` or :meth:`IORequest.chunk_failed`, and the request calls its
+``notify`` callback exactly once, when nothing of it is in flight any more. A request is touched
+only by its backend's thread(s) under the backend's own discipline; the caller only reads its
+result after ``notify``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from dualblade.io_engine.errors import IOFailedError
+
+if TYPE_CHECKING:
+    from dualblade.io_engine.buffers import AlignedBuffer
+    from dualblade.io_engine.targets.base import Target
+
+
+class Kind(enum.Enum):
+    """What a request does."""
+
+    READ = "read"
+    WRITE = "write"
+    TRIM = "trim"
+
+
+class Cancelled(Exception):
+    """Internal marker: the caller cancelled the request before it finished."""
+
+
+class IORequest:
+    """A transfer of ``length`` bytes between ``buffer[buf_offset:]`` and ``target[offset:]``.
+
+    Chunks are ``(rel, length)`` pairs relative to the request's start, none longer than
+    ``chunk_size``. A short transfer re-queues its remainder; an error or a cancellation stops
+    further submissions, and the request finishes when its in-flight chunks have completed.
+    """
+
+    __slots__ = (
+        "buf_offset",
+        "buffer",
+        "cancelled",
+        "chunk_size",
+        "chunks_submitted",
+        "done_bytes",
+        "error",
+        "finished",
+        "inflight",
+        "kind",
+        "length",
+        "notify",
+        "offset",
+        "retries",
+        "submitted",
+        "target",
+    )
+
+    def __init__(
+        self,
+        kind: Kind,
+        target: Target,
+        buffer: AlignedBuffer | None,
+        buf_offset: int,
+        length: int,
+        offset: int,
+        chunk_size: int,
+        notify: Callable[[], None],
+    ) -> None:
+        self.kind = kind
+        self.target = target
+        self.buffer = buffer
+        self.buf_offset = buf_offset
+        self.length = length
+        self.offset = offset
+        self.chunk_size = chunk_size
+        self.notify = notify
+        self.submitted = 0  # bytes handed out by next_chunk (excluding retries)
+        self.retries: deque[tuple[int, int]] = deque()
+        self.inflight = 0
+        self.done_bytes = 0
+        self.chunks_submitted = 0
+        self.error: BaseException | None = None
+        self.cancelled = False
+        self.finished = False
+
+    @property
+    def stopped(self) -> bool:
+        """No more chunks will be submitted (failed or cancelled)."""
+        return self.error is not None or self.cancelled
+
+    def next_chunk(self) -> tuple[int, int] | None:
+        """The next ``(rel, length)`` to submit, or None when nothing is left to hand out."""
+        if self.stopped:
+            return None
+        if self.retries:
+            return self.retries.popleft()
+        if self.submitted >= self.length:
+            return None
+        rel = self.submitted
+        size = min(self.chunk_size, self.length - rel)
+        self.submitted += size
+        return rel, size
+
+    def push_back(self, chunk: tuple[int, int]) -> None:
+        """Return a chunk that could not be submitted (e.g. the SQ was full)."""
+        self.retries.appendleft(chunk)
+
+    def chunk_started(self) -> None:
+        """A chunk was handed to the kernel (or a worker): its buffer is now under DMA."""
+        self.inflight += 1
+        self.chunks_submitted += 1
+        if self.buffer is not None:
+            self.buffer.begin_io()
+
+    def chunk_done(self, rel: int, size: int, transferred: int) -> None:
+        """A chunk completed with ``transferred`` bytes (may be short)."""
+        self._end_chunk()
+        self.done_bytes += transferred
+        if transferred < size:
+            if transferred == 0:
+                self.error = IOFailedError(
+                    self.target.name,
+                    self.kind.value,
+                    self.offset + rel,
+                    size,
+                    detail="unexpected end of target (0 bytes transferred)",
+                )
+            else:
+                self.retries.append((rel + transferred, size - transferred))
+        self._maybe_finish()
+
+    def chunk_failed(self, error: BaseException) -> None:
+        """A chunk failed; the first error wins and stops further submissions."""
+        self._end_chunk()
+        if self.error is None and not self.cancelled:
+            self.error = error
+        self._maybe_finish()
+
+    def cancel(self) -> None:
+        """Stop handing out chunks; finish once the in-flight ones have completed."""
+        self.cancelled = True
+        self._maybe_finish()
+
+    def _end_chunk(self) -> None:
+        self.inflight -= 1
+        if self.buffer is not None:
+            self.buffer.end_io()
+
+    def complete(self) -> bool:
+        """All bytes were transferred."""
+        return self.submitted >= self.length and not self.retries and self.inflight == 0
+
+    def _maybe_finish(self) -> None:
+        if self.finished or self.inflight:
+            return
+        if self.stopped or self.complete():
+            self.finished = True
+            self.notify()
+
+    def start_empty(self) -> None:
+        """Finish a zero-length request at once."""
+        self._maybe_finish()
+
+    def result(self) -> int:
+        """Bytes transferred; raises the request's error, or :class:`Cancelled`."""
+        assert self.finished, "result() before the request finished"
+        if self.error is not None:
+            raise self.error
+        if self.cancelled and not self.complete():
+            raise Cancelled
+        return self.done_bytes

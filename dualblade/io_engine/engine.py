@@ -1,0 +1,277 @@
+"""The I/O engine: POSIX-shaped, awaitable and blocking transfers between buffers and targets.
+
+``await engine.pread(target, buf, size, file_offset)`` moves ``size`` bytes and returns the byte
+count; ``engine.read(...)`` is the blocking form for sync callers. Large requests are split into
+chunks of at most ``min(target.max_transfer, max_chunk)`` and up to ``queue_depth`` chunks are in
+flight at once, across all requests.
+
+Compat mode (``on | off | auto``, default ``auto`` or ``$DUALBLADE_COMPAT``): ``auto`` uses the
+io_uring ring and falls back to the thread-pool ``preadv``/``pwritev`` engine when io_uring cannot
+be set up, logging why once; ``off`` raises instead; ``on`` always uses the thread pool.
+
+Notes:
+    Buffers must be :class:`~dualblade.io_engine.buffers.AlignedBuffer` (O_DIRECT and NVMe need
+    aligned DMA memory). A buffer is never released while an I/O on it is in flight: when an
+    awaiting task is cancelled, the engine stops the request's remaining chunks, asks the kernel
+    to cancel posted ones, and waits (shielded) until every posted chunk has completed before the
+    cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+import anyio
+import structlog
+
+from dualblade.io_engine._request import Cancelled, IORequest, Kind
+from dualblade.io_engine._threadpool import ThreadPoolBackend
+from dualblade.io_engine._waker import async_waker, blocking_waker
+from dualblade.io_engine.buffers import AlignedBuffer
+from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
+from dualblade.io_engine.ring import Ring
+from dualblade.io_engine.targets.base import Target
+
+CompatMode = Literal["on", "off", "auto"]
+
+_log = structlog.get_logger(__name__)
+_warned_fallback = False
+_warn_lock = threading.Lock()
+
+
+class Backend(Protocol):
+    """What the engine needs from the ring or the thread pool."""
+
+    queue_depth: int
+    chunks_submitted: int
+
+    def submit(self, request: IORequest) -> None: ...
+    def cancel(self, request: IORequest) -> None: ...
+    def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None: ...
+    def buffer_index(self, buffer: AlignedBuffer) -> int | None: ...
+    def close(self) -> None: ...
+
+
+def _warn_fallback_once(reason: str) -> None:
+    global _warned_fallback
+    with _warn_lock:
+        if _warned_fallback:
+            return
+        _warned_fallback = True
+    _log.warning("io_uring unavailable; using the thread-pool compatibility engine", reason=reason)
+
+
+class IOEngine:
+    """Moves bytes between aligned buffers and storage targets.
+
+    Args:
+        queue_depth: chunks in flight at most, over all requests.
+        compat: ``on``, ``off`` or ``auto`` (see the module notes).
+        passthrough: the ring must carry NVMe commands (128-byte SQEs, 32-byte CQEs).
+        max_chunk: cap on the chunk size below each target's ``max_transfer``.
+        name: used for the ring thread and in logs.
+
+    Raises:
+        IoUringUnavailableError: compat is ``off`` (or ``passthrough`` is asked) and io_uring
+            cannot be used.
+    """
+
+    def __init__(
+        self,
+        *,
+        queue_depth: int = 32,
+        compat: CompatMode | None = None,
+        passthrough: bool = False,
+        max_chunk: int | None = None,
+        name: str = "dualblade-io",
+    ) -> None:
+        mode = compat or os.environ.get("DUALBLADE_COMPAT", "auto")
+        if mode not in ("on", "off", "auto"):
+            raise IOEngineError(f"compat mode must be 'on', 'off' or 'auto', got {mode!r}")
+        if max_chunk is not None and max_chunk <= 0:
+            raise IOEngineError(f"max_chunk must be positive, got {max_chunk}")
+        self.max_chunk = max_chunk
+        self.fallback_reason: str | None = None
+        self._backend: Backend
+        if mode == "on":
+            if passthrough:
+                raise IOEngineError("NVMe passthrough needs io_uring; compat mode 'on' forbids it")
+            self._backend = ThreadPoolBackend(queue_depth, name=name)
+            self.fallback_reason = "compat mode 'on'"
+        else:
+            try:
+                self._backend = Ring(queue_depth, passthrough=passthrough, name=name)
+            except IoUringUnavailableError as error:
+                if mode == "off" or passthrough:
+                    raise
+                self.fallback_reason = str(error)
+                _warn_fallback_once(str(error))
+                self._backend = ThreadPoolBackend(queue_depth, name=name)
+        self.queue_depth = queue_depth
+        self.passthrough = passthrough
+        self._closed = False
+
+    @property
+    def kind(self) -> str:
+        """``"io_uring"`` or ``"threadpool"``."""
+        return "io_uring" if isinstance(self._backend, Ring) else "threadpool"
+
+    @property
+    def chunks_submitted(self) -> int:
+        """Chunks handed to the kernel (or workers) since the engine started."""
+        return self._backend.chunks_submitted
+
+    def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None:
+        """Register buffers as io_uring fixed buffers (once per engine; no-op in compat mode)."""
+        self._backend.register_buffers(buffers)
+
+    def is_registered(self, buffer: AlignedBuffer) -> bool:
+        """Whether transfers on ``buffer`` use the ring's fixed-buffer commands."""
+        return self._backend.buffer_index(buffer) is not None
+
+    # -- request construction ----------------------------------------------------------------
+    def _request(
+        self,
+        kind: Kind,
+        target: Target,
+        buf: AlignedBuffer | None,
+        size: int,
+        offset: int,
+        buf_offset: int,
+        notify: object,
+    ) -> IORequest:
+        if self._closed:
+            raise IOEngineError("the I/O engine is closed")
+        if target.passthrough and not self.passthrough:
+            raise IOEngineError(
+                f"{target.name} takes NVMe passthrough commands: open the engine with "
+                "passthrough=True"
+            )
+        address = None
+        if buf is not None:
+            if buf_offset < 0 or buf_offset + size > buf.size:
+                raise IOEngineError(
+                    f"{kind.value} of {size} bytes at buffer offset {buf_offset} overruns the "
+                    f"{buf.size}-byte buffer"
+                )
+            address = buf.address + buf_offset
+        target.check_io(kind.value, offset, size, address)
+        chunk = target.max_transfer
+        if self.max_chunk is not None:
+            chunk = max(target.lba_size, min(chunk, self.max_chunk // target.lba_size * target.lba_size))
+        return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)  # type: ignore[arg-type]
+
+    # -- async API ---------------------------------------------------------------------------
+    async def pread(
+        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+    ) -> int:
+        """Read ``size`` bytes at ``file_offset`` into ``buf[buf_offset:]``; returns ``size``.
+
+        Raises:
+            IOFailedError: a chunk failed (target, offset, length, errno or NVMe status).
+            TargetError: misaligned or out-of-range arguments.
+        """
+        return await self._run_async(Kind.READ, target, buf, size, file_offset, buf_offset)
+
+    async def pwrite(
+        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+    ) -> int:
+        """Write ``size`` bytes from ``buf[buf_offset:]`` at ``file_offset``; returns ``size``."""
+        return await self._run_async(Kind.WRITE, target, buf, size, file_offset, buf_offset)
+
+    async def trim(self, target: Target, offset: int, length: int) -> None:
+        """Deallocate ``[offset, offset+length)`` on the target (punch hole, discard, DSM)."""
+        if target.trim_op(offset, length) is None or self.kind == "threadpool":
+            target.check_io("trim", offset, length, None)
+            await anyio.to_thread.run_sync(target.trim_blocking, offset, length)
+            return
+        await self._run_async(Kind.TRIM, target, None, length, offset, 0)
+
+    async def _run_async(
+        self,
+        kind: Kind,
+        target: Target,
+        buf: AlignedBuffer | None,
+        size: int,
+        offset: int,
+        buf_offset: int,
+    ) -> int:
+        event, wake = async_waker()
+        request = self._request(kind, target, buf, size, offset, buf_offset, wake)
+        self._backend.submit(request)
+        try:
+            await event.wait()
+        except BaseException:
+            # Cancelled (or interrupted): the kernel may still DMA into the buffer. Stop the
+            # request and wait, shielded, until every posted chunk has completed.
+            with anyio.CancelScope(shield=True):
+                self._backend.cancel(request)
+                await event.wait()
+            raise
+        return request.result()
+
+    # -- blocking API ------------------------------------------------------------------------
+    def read(
+        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+    ) -> int:
+        """Blocking :meth:`pread`."""
+        return self._run_blocking(Kind.READ, target, buf, size, file_offset, buf_offset)
+
+    def write(
+        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+    ) -> int:
+        """Blocking :meth:`pwrite`."""
+        return self._run_blocking(Kind.WRITE, target, buf, size, file_offset, buf_offset)
+
+    def trim_blocking(self, target: Target, offset: int, length: int) -> None:
+        """Blocking :meth:`trim`."""
+        if target.trim_op(offset, length) is None or self.kind == "threadpool":
+            target.check_io("trim", offset, length, None)
+            target.trim_blocking(offset, length)
+            return
+        self._run_blocking(Kind.TRIM, target, None, length, offset, 0)
+
+    def _run_blocking(
+        self,
+        kind: Kind,
+        target: Target,
+        buf: AlignedBuffer | None,
+        size: int,
+        offset: int,
+        buf_offset: int,
+    ) -> int:
+        event, wake = blocking_waker()
+        request = self._request(kind, target, buf, size, offset, buf_offset, wake)
+        self._backend.submit(request)
+        try:
+            event.wait()
+        except BaseException:
+            self._backend.cancel(request)
+            event.wait()
+            raise
+        try:
+            return request.result()
+        except Cancelled:  # pragma: no cover - only async callers cancel
+            raise IOEngineError("request cancelled") from None
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for in-flight I/O, then stop the backend (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._backend.close()
+
+    def __enter__(self) -> IOEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> IOEngine:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await anyio.to_thread.run_sync(self.close)

@@ -1,0 +1,158 @@
+"""io_uring operations as small frozen values, each able to fill one SQE.
+
+Each opcode carries its required fields first and kernel defaults after, a ``CODE`` constant that
+the probe checks, and one ``build(lib, sqe, user_data)`` method. These ``build`` methods are the
+only code that writes into the kernel-shared submission ring.
+
+Safety contract: ``addr`` points into memory that stays alive and untouched by anyone but the
+kernel until the CQE carrying ``user_data`` is reaped. The ring thread's in-flight table holds
+the owning request (and through it the buffer) for exactly that long.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from dualblade.io_engine import _uapi
+from dualblade.io_engine._liburing import LibUring
+
+
+class Op(Protocol):
+    """Anything that can fill one SQE."""
+
+    CODE: ClassVar[int]
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        """Fill the SQE at address ``sqe``; ``user_data`` comes back in its CQE."""
+
+
+@dataclass(frozen=True, slots=True)
+class Nop:
+    """No operation: completes at once; used by tests and to wake the ring."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_NOP
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_nop(sqe)
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """``pread`` into plain memory."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_READ
+    fd: int
+    addr: int
+    length: int
+    offset: int
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_read(sqe, self.fd, self.addr, self.length, self.offset)
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """``pwrite`` from plain memory."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_WRITE
+    fd: int
+    addr: int
+    length: int
+    offset: int
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_write(sqe, self.fd, self.addr, self.length, self.offset)
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFixed:
+    """``pread`` into a registered buffer (no per-I/O page pinning)."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_READ_FIXED
+    fd: int
+    addr: int
+    length: int
+    offset: int
+    buf_index: int
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_read_fixed(
+            sqe, self.fd, self.addr, self.length, self.offset, self.buf_index
+        )
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class WriteFixed:
+    """``pwrite`` from a registered buffer."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_WRITE_FIXED
+    fd: int
+    addr: int
+    length: int
+    offset: int
+    buf_index: int
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_write_fixed(
+            sqe, self.fd, self.addr, self.length, self.offset, self.buf_index
+        )
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class Fallocate:
+    """``fallocate(fd, mode, offset, length)``; with PUNCH_HOLE it is a file's TRIM."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_FALLOCATE
+    fd: int
+    mode: int
+    offset: int
+    length: int
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_fallocate(sqe, self.fd, self.mode, self.offset, self.length)
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncCancel:
+    """Ask the kernel to cancel the in-flight operation tagged ``target_user_data``."""
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_ASYNC_CANCEL
+    target_user_data: int
+    flags: int = 0
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        lib.io_uring_prep_cancel64(sqe, self.target_user_data, self.flags)
+        lib.io_uring_sqe_set_data64(sqe, user_data)
+
+
+@dataclass(frozen=True, slots=True)
+class UringCmd:
+    """``IORING_OP_URING_CMD``: a driver command (e.g. an NVMe command) in a 128-byte SQE.
+
+    ``payload`` is copied into the SQE's command area. Any buffer it points to (an NVMe data
+    pointer) falls under the module's safety contract.
+    """
+
+    CODE: ClassVar[int] = _uapi.IORING_OP_URING_CMD
+    fd: int
+    cmd_op: int
+    payload: bytes
+
+    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
+        if len(self.payload) > _uapi.SQE128_CMD_BYTES:
+            raise ValueError(f"uring_cmd payload of {len(self.payload)} bytes exceeds 80")
+        ctypes.memset(sqe, 0, ctypes.sizeof(_uapi.IoUringSqe128))
+        raw = _uapi.IoUringSqe.from_address(sqe)
+        raw.opcode = self.CODE
+        raw.fd = self.fd
+        raw.off = self.cmd_op  # the cmd_op member shares the low 32 bits of ``off``
+        raw.user_data = user_data
+        ctypes.memmove(sqe + _uapi.SQE_CMD_OFFSET, self.payload, len(self.payload))

@@ -1,0 +1,345 @@
+"""The io_uring ring and the one OS thread that owns it.
+
+All submitting and reaping happens on this thread, so liburing's single-producer rules hold
+without locks. Other threads talk to it through an inbox (a deque) and wake it through an eventfd
+that the ring itself keeps a READ posted on: waiting for "a completion or a new request" is one
+``io_uring_submit_and_wait`` call, made inside C with the GIL released.
+
+The thread keeps up to ``queue_depth`` chunks in flight and refills the queue as soon as
+completions are reaped. A request's buffer stays referenced by the in-flight table until every
+CQE of it has been reaped, also after its caller was cancelled: cancellation stops further
+chunks and asks the kernel to cancel the posted ones, but the request only reports back once the
+kernel has let go of the memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+
+from dualblade.io_engine import _liburing, _uapi, opcodes
+from dualblade.io_engine._request import IORequest, Kind
+from dualblade.io_engine.buffers import AlignedBuffer
+from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
+
+_log = structlog.get_logger(__name__)
+
+#: user_data tags below this are internal (wake-ups, cancel requests).
+_UD_IGNORE = 0
+_UD_WAKE = 1
+_UD_FIRST = 16
+
+_REAP_BATCH = 64
+
+
+def _io_uring_disabled_sysctl() -> int:
+    try:
+        with open("/proc/sys/kernel/io_uring_disabled") as f:
+            return int(f.read().strip() or 0)
+    except (OSError, ValueError):
+        return 0
+
+
+class Ring:
+    """An io_uring instance driven by a dedicated thread.
+
+    Args:
+        queue_depth: chunks kept in flight at most.
+        passthrough: set up 128-byte SQEs and 32-byte CQEs for NVMe commands.
+        name: thread name, for debuggers and traces.
+
+    Raises:
+        IoUringUnavailableError: io_uring cannot be set up here; the message says why.
+    """
+
+    def __init__(self, queue_depth: int = 32, *, passthrough: bool = False, name: str = "ring"):
+        if queue_depth < 1:
+            raise ValueError(f"queue_depth must be at least 1, got {queue_depth}")
+        self.lib = _liburing.load()
+        self.queue_depth = queue_depth
+        self.passthrough = passthrough
+        self._ring_mem = ctypes.create_string_buffer(_liburing.RING_STRUCT_BYTES)
+        self._ring = ctypes.addressof(self._ring_mem)
+        params = _uapi.IoUringParams()
+        if passthrough:
+            params.flags = _uapi.IORING_SETUP_SQE128 | _uapi.IORING_SETUP_CQE32
+        # Room for every chunk plus the wake-up read and one cancel per in-flight chunk.
+        entries = 1 << (2 * queue_depth + 2).bit_length()
+        rc = self.lib.io_uring_queue_init_params(entries, self._ring, ctypes.byref(params))
+        if rc < 0:
+            raise IoUringUnavailableError(self._explain_setup_failure(-rc))
+        self._cqe_size = 32 if passthrough else 16
+        self._cqe_ptrs = (ctypes.c_void_p * _REAP_BATCH)()
+        self._eventfd = os.eventfd(0, os.EFD_CLOEXEC)
+        self._eventfd_buf = ctypes.create_string_buffer(8)
+        self._inbox: deque[tuple[str, Any]] = deque()
+        self._ready: deque[IORequest] = deque()
+        self._inflight: dict[int, tuple[IORequest, int, int, opcodes.Op]] = {}
+        self._next_ud = _UD_FIRST
+        self._pending_cancels: list[int] = []
+        self._registered: dict[int, int] = {}  # id(buffer) -> index
+        self._registered_buffers: list[AlignedBuffer] = []
+        self._stopping = False
+        self._fatal: BaseException | None = None
+        self.chunks_submitted = 0
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _explain_setup_failure(code: int) -> str:
+        disabled = _io_uring_disabled_sysctl()
+        if disabled:
+            return (
+                f"io_uring is disabled by the sysctl kernel.io_uring_disabled={disabled} "
+                "(set it to 0, or use compat mode 'on')"
+            )
+        reasons = {
+            errno.ENOSYS: "the kernel has no io_uring (too old, or compiled out)",
+            errno.EPERM: "io_uring is blocked for this process (seccomp or container policy)",
+            errno.ENOMEM: "not enough locked memory for the ring (raise RLIMIT_MEMLOCK)",
+            errno.EINVAL: "the kernel rejected the ring flags (SQE128/CQE32 need Linux 5.19+)",
+        }
+        return f"io_uring_queue_init failed: {os.strerror(code)}; " + reasons.get(
+            code, "see dmesg"
+        )
+
+    # -- API used by other threads ---------------------------------------------------------------
+    def submit(self, request: IORequest) -> None:
+        """Queue a request; its ``notify`` runs on the ring thread when it finishes."""
+        self._post("submit", request)
+
+    def cancel(self, request: IORequest) -> None:
+        """Stop a request: no more chunks, kernel cancel for posted ones. It still notifies."""
+        self._post("cancel", request)
+
+    def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None:
+        """Register fixed buffers (``IORING_REGISTER_BUFFERS``); blocks until done.
+
+        Raises:
+            IOEngineError: the kernel refused, e.g. over ``RLIMIT_MEMLOCK`` as non-root.
+        """
+        done = threading.Event()
+        outcome: list[BaseException | None] = [None]
+
+        def register() -> None:
+            try:
+                self._do_register(buffers)
+            except BaseException as error:  # delivered to the caller below
+                outcome[0] = error
+            finally:
+                done.set()
+
+        self._post("call", register)
+        done.wait()
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    def buffer_index(self, buffer: AlignedBuffer) -> int | None:
+        """The fixed-buffer index of ``buffer`` in this ring, or None if not registered."""
+        return self._registered.get(id(buffer))
+
+    def close(self) -> None:
+        """Finish everything in flight, stop the thread and tear down the ring (idempotent)."""
+        if not self._thread.is_alive():
+            self._teardown()
+            return
+        self._post("stop", None)
+        self._thread.join()
+        self._teardown()
+
+    def _post(self, what: str, payload: Any) -> None:
+        if self._fatal is not None:
+            raise IOEngineError(f"the ring thread has died: {self._fatal}") from self._fatal
+        if self._stopping and what != "stop":
+            raise IOEngineError("the I/O engine is closed")
+        self._inbox.append((what, payload))
+        os.eventfd_write(self._eventfd, 1)
+
+    # -- the ring thread -----------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            self._arm_wake()
+            while True:
+                self._drain_inbox()
+                self._fill()
+                if self._stopping and not self._ready and len(self._inflight) == 0:
+                    break
+                rc = self.lib.io_uring_submit_and_wait(self._ring, 1)
+                if rc < 0 and -rc not in (errno.EINTR, errno.EAGAIN, errno.EBUSY, errno.ETIME):
+                    raise OSError(-rc, f"io_uring_submit_and_wait: {os.strerror(-rc)}")
+                self._reap()
+        except BaseException as error:  # the thread must never die silently
+            self._fatal = error
+            _log.error("ring thread died", error=repr(error))
+            self._fail_everything(error)
+
+    def _arm_wake(self) -> None:
+        sqe = self._get_sqe()
+        opcodes.Read(self._eventfd, ctypes.addressof(self._eventfd_buf), 8, 0).build(
+            self.lib, sqe, _UD_WAKE
+        )
+
+    def _get_sqe(self) -> int:
+        sqe: int | None = self.lib.io_uring_get_sqe(self._ring)
+        if not sqe:
+            self.lib.io_uring_submit(self._ring)  # flush and retry once
+            sqe = self.lib.io_uring_get_sqe(self._ring)
+            if not sqe:
+                raise IOEngineError("submission queue full")
+        return sqe
+
+    def _drain_inbox(self) -> None:
+        inbox = self._inbox
+        while inbox:
+            what, payload = inbox.popleft()
+            if what == "submit":
+                request: IORequest = payload
+                if request.length == 0 and request.kind is not Kind.TRIM:
+                    request.start_empty()
+                else:
+                    self._ready.append(request)
+            elif what == "cancel":
+                self._cancel(payload)
+            elif what == "call":
+                payload()
+            elif what == "stop":
+                self._stopping = True
+
+    def _cancel(self, request: IORequest) -> None:
+        request.cancel()
+        for ud, entry in self._inflight.items():
+            if entry[0] is request:
+                self._pending_cancels.append(ud)
+
+    def _fill(self) -> None:
+        lib, ring = self.lib, self._ring
+        while self._pending_cancels:
+            target_ud = self._pending_cancels.pop()
+            opcodes.AsyncCancel(target_ud).build(lib, self._get_sqe(), _UD_IGNORE)
+        ready, inflight = self._ready, self._inflight
+        while ready and len(inflight) < self.queue_depth:
+            request = ready[0]
+            chunk = request.next_chunk()
+            if chunk is None:
+                ready.popleft()
+                continue
+            rel, size = chunk
+            op = self._op_for(request, rel, size)
+            sqe: int | None = lib.io_uring_get_sqe(ring)
+            if not sqe:
+                request.push_back(chunk)
+                break
+            ud = self._next_ud
+            self._next_ud += 1
+            op.build(lib, sqe, ud)
+            inflight[ud] = (request, rel, size, op)
+            request.chunk_started()
+            self.chunks_submitted += 1
+
+    def _op_for(self, request: IORequest, rel: int, size: int) -> opcodes.Op:
+        target = request.target
+        offset = request.offset + rel
+        if request.kind is Kind.TRIM:
+            op = target.trim_op(offset, size)
+            assert op is not None, "blocking trims do not go through the ring"
+            return op
+        buffer = request.buffer
+        assert buffer is not None
+        index = self._registered.get(id(buffer)) if not target.passthrough else None
+        return target.io_op(
+            request.kind is Kind.WRITE, buffer.address + request.buf_offset + rel, size, offset,
+            index,
+        )
+
+    def _reap(self) -> None:
+        lib, ring, ptrs = self.lib, self._ring, self._cqe_ptrs
+        from_address = _uapi.IoUringCqe.from_address
+        while True:
+            count = lib.io_uring_peek_batch_cqe(ring, ptrs, _REAP_BATCH)
+            if not count:
+                return
+            for i in range(count):
+                address = ptrs[i]
+                cqe = from_address(address)
+                ud, res = cqe.user_data, cqe.res
+                if ud >= _UD_FIRST:
+                    extra = (
+                        ctypes.c_uint64.from_address(address + 16).value
+                        if self._cqe_size == 32
+                        else 0
+                    )
+                    self._complete(ud, res, extra)
+                elif ud == _UD_WAKE:
+                    self._arm_wake()
+            lib.io_uring_cq_advance(ring, count)
+            if count < _REAP_BATCH:
+                return
+
+    def _complete(self, ud: int, res: int, extra: int) -> None:
+        request, rel, size, _op = self._inflight.pop(ud)
+        if res == -errno.ECANCELED and request.cancelled:
+            request.chunk_failed(IOEngineError("cancelled"))  # ignored: the request is cancelled
+            return
+        try:
+            transferred = request.target.transferred(
+                request.kind.value, res, size, request.offset + rel, extra
+            )
+        except BaseException as error:
+            request.chunk_failed(error)
+            return
+        request.chunk_done(rel, size, transferred)
+        if request.retries and not request.stopped and request not in self._ready:
+            self._ready.appendleft(request)
+
+    def _do_register(self, buffers: Sequence[AlignedBuffer]) -> None:
+        if self._registered_buffers:
+            raise IOEngineError("fixed buffers are already registered with this ring")
+        iovecs = (_uapi.Iovec * len(buffers))(
+            *(_uapi.Iovec(buffer.address, buffer.size) for buffer in buffers)
+        )
+        rc = self.lib.io_uring_register_buffers(self._ring, iovecs, len(buffers))
+        if rc < 0:
+            hint = (
+                " (registering pins memory: raise RLIMIT_MEMLOCK, `ulimit -l`, or run as root)"
+                if -rc in (errno.ENOMEM, errno.EPERM)
+                else ""
+            )
+            raise IOEngineError(
+                f"registering {len(buffers)} fixed buffer(s) of "
+                f"{sum(b.size for b in buffers)} bytes failed: {os.strerror(-rc)}{hint}"
+            )
+        self._registered = {id(buffer): i for i, buffer in enumerate(buffers)}
+        self._registered_buffers = list(buffers)
+
+    def _fail_everything(self, error: BaseException) -> None:
+        wrapped = IOEngineError(f"the ring thread died: {error!r}")
+        for request, _rel, _size, _op in list(self._inflight.values()):
+            # The kernel may still own these buffers; keep them counted as in flight forever
+            # rather than let them be reused (the engine is dead anyway).
+            request.error = request.error or wrapped
+        for request in self._ready:
+            if request.inflight == 0:
+                request.error = request.error or wrapped
+                request.finished = True
+                request.notify()
+
+    def _teardown(self) -> None:
+        if self._ring_mem is not None and self._fatal is None:
+            self.lib.io_uring_queue_exit(self._ring)
+        if self._eventfd >= 0:
+            os.close(self._eventfd)
+            self._eventfd = -1
+        self._registered_buffers = []
+        self._ring_mem = None  # type: ignore[assignment]
+
+
+def call_on_ring(ring: Ring, function: Callable[[], None]) -> None:
+    """Run ``function`` on the ring thread (tests use it to observe ring-thread state)."""
+    ring._post("call", function)

@@ -1,0 +1,125 @@
+"""What every storage target offers the engine: an fd, geometry, and how to build its commands.
+
+A target knows its own I/O rules (alignment, maximum transfer, which command carries a chunk,
+what a completion's ``res`` means) and nothing about rings or threads. The engine asks it for one
+:class:`~dualblade.io_engine.opcodes.Op` per chunk and hands the completion back to
+:meth:`Target.transferred`.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+
+from dualblade.io_engine import opcodes
+from dualblade.io_engine.errors import IOFailedError, TargetError
+
+
+class Target(ABC):
+    """A place bytes live: a file, a block device or an NVMe namespace.
+
+    Attributes:
+        name: shown in errors and logs (usually the path).
+        fd: the open file descriptor the engine submits against.
+        lba_size: the I/O unit; offsets and lengths must be multiples of it.
+        alignment: required alignment of buffer addresses for DMA.
+        max_transfer: the largest single command, in bytes (a multiple of ``lba_size``).
+        size: addressable bytes.
+        passthrough: needs a ring with 128-byte SQEs and 32-byte CQEs (NVMe commands).
+        threadpool_capable: can be served by the pread/pwrite compatibility engine.
+    """
+
+    name: str
+    fd: int
+    lba_size: int
+    alignment: int
+    max_transfer: int
+    size: int
+    passthrough: bool = False
+    threadpool_capable: bool = True
+
+    # -- validation ---------------------------------------------------------------------------
+    def check_io(self, op: str, offset: int, length: int, address: int | None) -> None:
+        """Refuse misaligned or out-of-range I/O before anything is submitted.
+
+        Raises:
+            TargetError: the range leaves the target, or offset/length/buffer are not aligned.
+        """
+        if offset < 0 or length < 0:
+            raise TargetError(f"{op} on {self.name}: negative offset {offset} or length {length}")
+        if offset + length > self.size:
+            raise TargetError(
+                f"{op} of {length} bytes at offset {offset} on {self.name} ends past the "
+                f"target's {self.size} bytes"
+            )
+        if offset % self.lba_size or length % self.lba_size:
+            raise TargetError(
+                f"{op} on {self.name}: offset {offset} and length {length} must be multiples "
+                f"of the target's LBA size {self.lba_size}"
+            )
+        if address is not None and address % self.alignment:
+            raise TargetError(
+                f"{op} on {self.name}: buffer address 0x{address:x} is not aligned to "
+                f"{self.alignment} bytes (use dualblade.io_engine.AlignedBuffer)"
+            )
+
+    # -- commands -----------------------------------------------------------------------------
+    def io_op(
+        self, write: bool, address: int, length: int, offset: int, buf_index: int | None
+    ) -> opcodes.Op:
+        """The command that moves ``length`` bytes between ``address`` and ``offset``."""
+        if buf_index is None:
+            cls_plain = opcodes.Write if write else opcodes.Read
+            return cls_plain(self.fd, address, length, offset)
+        cls_fixed = opcodes.WriteFixed if write else opcodes.ReadFixed
+        return cls_fixed(self.fd, address, length, offset, buf_index)
+
+    def transferred(self, op: str, res: int, length: int, offset: int, extra: int) -> int:
+        """Bytes a completion moved; ``res`` is the CQE result, ``extra`` the big-CQE word.
+
+        Raises:
+            IOFailedError: the kernel reported an error.
+        """
+        if res < 0:
+            raise IOFailedError(self.name, op, offset, length, errno=-res)
+        return length if op == "trim" else res
+
+    def trim_op(self, offset: int, length: int) -> opcodes.Op | None:
+        """A ring command that deallocates the range, or None to use :meth:`trim_blocking`."""
+        return None
+
+    @abstractmethod
+    def trim_blocking(self, offset: int, length: int) -> None:
+        """Deallocate the range synchronously (run on a worker thread by the engine)."""
+
+    # -- blocking fallbacks used by the thread-pool engine -------------------------------------
+    def pread_blocking(self, view: memoryview, offset: int) -> int:
+        """``preadv`` into ``view``; returns bytes read."""
+        return os.preadv(self.fd, [view], offset)
+
+    def pwrite_blocking(self, view: memoryview, offset: int) -> int:
+        """``pwritev`` from ``view``; returns bytes written."""
+        return os.pwritev(self.fd, [view], offset)
+
+    # -- lifetime -----------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the file descriptor (idempotent)."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> Target:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def describe(self) -> dict[str, object]:
+        """Geometry for logs, ``doctor`` and benchmark reports."""
+        return {
+            "kind": type(self).__name__,
+            "name": self.name,
+            "size": self.size,
+            "lba_size": self.lba_size,
+            "max_transfer": self.max_transfer,
+        }
