@@ -1,0 +1,156 @@
+"""A whole plan from a config: the budget, Algorithm 1's groups and the LBA map of Group 2.
+
+:func:`make_plan` is pure: it takes the config and an already-derived budget. :func:`budget_for`
+is the one step that looks at the machine (the memory limits), and only when neither the caller
+nor the config states a limit or a budget. ``dualblade plan`` is these two calls and a printer.
+
+Sizes the plan uses:
+
+- a layer's page-cache footprint is its K and V payload, each rounded up to whole pages — what
+  the page cache will hold for the layer's two files;
+- ``M_pin``, one copy thread's pinned buffer, is one KPU's padded image rounded up to a page;
+- a direct KPU's extent is its padded image (:class:`~.layout.TensorLayout`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dualblade.pipeline.budget import (
+    PageCacheBudget,
+    derive_budget,
+    explicit_limit,
+    fixed_budget,
+    limit_from_snapshot,
+)
+from dualblade.pipeline.config import PipelineConfig
+from dualblade.pipeline.kpu import layer_kpus
+from dualblade.pipeline.layout import TensorLayout
+from dualblade.pipeline.lba_map import LbaMap, Region
+from dualblade.pipeline.memory import discover_memory
+from dualblade.pipeline.placement import Placement, place_layers
+from dualblade.pipeline.shapes import ModelShape
+from dualblade.pipeline.sizes import PAGE_SIZE, BlockCount, Lba, round_up
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything decided before the first byte moves."""
+
+    config: PipelineConfig
+    shape: ModelShape
+    layout: TensorLayout
+    budget: PageCacheBudget
+    placement: Placement
+    lba_map: LbaMap
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready, budget and groups first (they are what a reader looks for)."""
+        workload = self.config.workload
+        target = self.config.storage.direct
+        return {
+            "budget": self.budget.to_dict(),
+            "groups": {
+                "page_cache": list(self.placement.page_cache),
+                "direct": list(self.placement.direct),
+            },
+            "placement": self.placement.to_dict(),
+            "model": {
+                "name": self.shape.name,
+                "num_layers": self.shape.num_layers,
+                "num_kv_heads": self.shape.num_kv_heads,
+                "head_dim": self.shape.head_dim,
+                "dtype": self.shape.dtype,
+                "kpu_bytes": self.shape.kpu_bytes(workload.batch, workload.max_len),
+                "total_kv_bytes": self.shape.total_kv_bytes(workload.batch, workload.max_len),
+            },
+            "workload": {**workload.model_dump(), "max_len": workload.max_len},
+            "layout": {
+                "rows": self.layout.rows,
+                "row_bytes": self.layout.row_bytes,
+                "row_stride": self.layout.row_stride,
+                "padding_overhead": self.layout.padding_overhead,
+                "lba_size": self.layout.lba_size,
+            },
+            "target": {
+                "kind": target.kind,
+                "path": str(target.path),
+                "first_lba": self.lba_map.region.first_lba,
+                "region_blocks": self.lba_map.region.n_blocks,
+                "used_blocks": self.lba_map.used_blocks,
+            },
+            "extents": [extent.to_dict() for extent in self.lba_map],
+        }
+
+
+def tensor_layout(config: PipelineConfig) -> TensorLayout:
+    """The padded row layout every K and V tensor of this config has on the direct target."""
+    workload = config.workload
+    return TensorLayout.for_shape(
+        config.shape(), workload.batch, workload.max_len, config.storage.direct.lba_size
+    )
+
+
+def pin_bytes(config: PipelineConfig) -> int:
+    """``M_pin``: one KPU's padded image, rounded up to a page (Co-DMA's alignment)."""
+    return round_up(tensor_layout(config).image_bytes, PAGE_SIZE)
+
+
+def layer_page_cache_bytes(config: PipelineConfig) -> list[int]:
+    """Each layer's page-cache footprint: K and V payloads, each rounded up to pages."""
+    shape = config.shape()
+    kpu = shape.kpu_bytes(config.workload.batch, config.workload.max_len)
+    return [2 * round_up(kpu, PAGE_SIZE)] * shape.num_layers
+
+
+def budget_for(
+    config: PipelineConfig, memory_limit: int | None = None, root: Path = Path("/")
+) -> PageCacheBudget:
+    """The page-cache budget, from the first of: ``memory_limit`` (e.g. ``--memory-limit``),
+    ``memory.page_cache_budget``, ``memory.limit``, or the limits discovered under ``root``.
+
+    Raises:
+        MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
+    """
+    memory = config.memory
+    pin = pin_bytes(config)
+    if memory_limit is None and memory.page_cache_budget is not None:
+        return fixed_budget(
+            memory.page_cache_budget,
+            pin_bytes=pin,
+            copy_threads=config.copy_threads,
+            knob_x=memory.knob_x,
+        )
+    stated = memory_limit if memory_limit is not None else memory.limit
+    limit = (
+        explicit_limit(stated) if stated is not None else limit_from_snapshot(discover_memory(root))
+    )
+    return derive_budget(
+        limit,
+        pin_bytes=pin,
+        copy_threads=config.copy_threads,
+        safety_margin=memory.safety_margin,
+        safety_fraction=memory.safety_fraction,
+        knob_x=memory.knob_x,
+    )
+
+
+def make_plan(config: PipelineConfig, budget: PageCacheBudget) -> Plan:
+    """Place layers by the config's policy and bind Group 2's KPUs inside the direct extent.
+
+    Raises:
+        ExtentOverflowError: the declared extent is too small for the direct KPUs.
+    """
+    layout = tensor_layout(config)
+    placement = place_layers(
+        config.policy, layer_page_cache_bytes(config), budget.page_cache_bytes, budget.knob_x_bytes
+    )
+    target = config.storage.direct
+    kpus = [(kpu, layout.image_bytes) for kpu in layer_kpus(placement.direct)]
+    declared = target.extent_blocks()
+    needed = len(kpus) * layout.n_blocks
+    region = Region(Lba(target.first_lba), BlockCount(needed if declared is None else declared))
+    lba_map = LbaMap.bind(kpus, region, target.lba_size)
+    return Plan(config, config.shape(), layout, budget, placement, lba_map)
