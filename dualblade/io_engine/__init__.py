@@ -1,1 +1,24 @@
-"""How bytes move: liburing bindings, the ring thread, storage targets and aligned buffers."""
+"""How bytes move: liburing bindings, the ring thread, storage targets and aligned buffers.
+
+io_engine knows nothing of KV caches: it moves byte ranges between
+:class:`AlignedBuffer` memory and :class:`Target` storage, through the io_uring ring (or the
+thread-pool compatibility engine where io_uring is unavailable).
+"""
+
+from dualblade.io_engine.buffers import HUGE_PAGE_SIZE as HUGE_PAGE_SIZE
+from dualblade.io_engine.buffers import PAGE_SIZE as PAGE_SIZE
+from dualblade.io_engine.buffers import AlignedBuffer as AlignedBuffer
+from dualblade.io_engine.engine import CompatMode as CompatMode
+from dualblade.io_engine.engine import IOEngine as IOEngine
+from dualblade.io_engine.errors import BufferBusyError as BufferBusyError
+from dualblade.io_engine.errors import IOEngineError as IOEngineError
+from dualblade.io_engine.errors import IOFailedError as IOFailedError
+from dualblade.io_engine.errors import IoUringUnavailableError as IoUringUnavailableError
+from dualblade.io_engine.errors import TargetError as TargetError
+from dualblade.io_engine.probe import IoUringProbe as IoUringProbe
+from dualblade.io_engine.probe import probe as probe
+from dualblade.io_engine.targets import BlockDevice as BlockDevice
+from dualblade.io_engine.targets import DirectFile as DirectFile
+from dualblade.io_engine.targets import NvmeNamespace as NvmeNamespace
+from dualblade.io_engine.targets import PageCacheFile as PageCacheFile
+from dualblade.io_engine.targets import Target as Target

@@ -159,8 +159,8 @@ class IOEngine:
                 )
             address = buf.address + buf_offset
         target.check_io(kind.value, offset, size, address)
-        chunk = target.max_transfer
-        if self.max_chunk is not None:
+        chunk = target.max_trim if kind is Kind.TRIM else target.max_transfer
+        if self.max_chunk is not None and kind is not Kind.TRIM:
             chunk = max(target.lba_size, min(chunk, self.max_chunk // target.lba_size * target.lba_size))
         return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)  # type: ignore[arg-type]
 

@@ -12,7 +12,7 @@ the owning request (and through it the buffer) for exactly that long.
 from __future__ import annotations
 
 import ctypes
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
 from dualblade.io_engine import _uapi
@@ -145,6 +145,8 @@ class UringCmd:
     fd: int
     cmd_op: int
     payload: bytes
+    #: Memory the command points at (e.g. DSM ranges): held until the CQE is reaped.
+    keepalive: object = field(default=None, compare=False, repr=False)
 
     def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
         if len(self.payload) > _uapi.SQE128_CMD_BYTES:

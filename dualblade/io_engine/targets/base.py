@@ -27,6 +27,7 @@ class Target(ABC):
         size: addressable bytes.
         passthrough: needs a ring with 128-byte SQEs and 32-byte CQEs (NVMe commands).
         threadpool_capable: can be served by the pread/pwrite compatibility engine.
+        max_trim: the largest range one trim command covers.
     """
 
     name: str
@@ -37,6 +38,8 @@ class Target(ABC):
     size: int
     passthrough: bool = False
     threadpool_capable: bool = True
+    #: The largest range one trim command may cover (the engine splits longer trims).
+    max_trim: int = 1 << 62
 
     # -- validation ---------------------------------------------------------------------------
     def check_io(self, op: str, offset: int, length: int, address: int | None) -> None:

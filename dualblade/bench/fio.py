@@ -1,0 +1,68 @@
+"""Running fio with the same parameters as our own measurement, as the disk's reference."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import dataclass
+
+from dualblade.errors import DualbladeError
+
+
+@dataclass(frozen=True)
+class FioResult:
+    """One fio job's outcome."""
+
+    bytes_per_s: float
+    total_ios: int
+    usr_cpu_us_per_io: float
+    runtime_s: float
+
+
+def fio_path() -> str | None:
+    """The fio binary on PATH, or None."""
+    return shutil.which("fio")
+
+
+def run_fio(
+    path: str, op: str, size: int, block_size: int, queue_depth: int, *, direct: bool = True
+) -> FioResult:
+    """Run one sequential fio job (io_uring engine, fixed buffers) and parse its JSON.
+
+    Raises:
+        DualbladeError: fio is missing or failed; the message carries fio's stderr.
+    """
+    binary = fio_path()
+    if binary is None:
+        raise DualbladeError("fio is not installed (apt-get install fio)")
+    command = [
+        binary,
+        "--name=dualblade-ref",
+        f"--filename={path}",
+        f"--rw={op}",
+        f"--bs={block_size}",
+        f"--size={size}",
+        f"--iodepth={queue_depth}",
+        f"--direct={int(direct)}",
+        "--ioengine=io_uring",
+        "--fixedbufs=1",
+        "--thread=1",
+        "--output-format=json",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise DualbladeError(f"fio failed ({' '.join(command)}): {done.stderr.strip()}")
+    # fio may print warnings before the JSON document.
+    report = json.loads(done.stdout[done.stdout.index("{") :])
+    job = report["jobs"][0]
+    side = job["write" if op == "write" else "read"]
+    runtime_s = job["job_runtime"] / 1000.0
+    total_ios = int(side["total_ios"])
+    usr_cpu_us = job["usr_cpu"] / 100.0 * runtime_s * 1e6
+    return FioResult(
+        bytes_per_s=float(side["bw_bytes"]),
+        total_ios=total_ios,
+        usr_cpu_us_per_io=usr_cpu_us / total_ios if total_ios else 0.0,
+        runtime_s=runtime_s,
+    )
