@@ -21,6 +21,8 @@ from dualblade.errors import DualbladeError
 COMMAND_MODULES: tuple[str, ...] = (
     "doctor",
     "iobench",
+    "config",
+    "plan",
 )
 
 

@@ -1,0 +1,76 @@
+"""``dualblade plan`` and ``dualblade config``: output shapes, and errors as one paragraph."""
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from dualblade.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PAPER = str(ROOT / "configs/opt-6.7b-paper.toml")
+
+
+def test_plan_json(capsys):
+    assert main(["plan", PAPER, "--memory-limit", "6GiB", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    budget = data["budget"]
+    n1 = budget["page_cache_bytes"] // data["placement"]["layer_kv_bytes"]
+    assert data["groups"]["page_cache"] == list(range(n1))
+    assert data["groups"]["direct"] == list(range(n1, 32))
+    assert budget["limit_bytes"] == 6 << 30
+    extents = data["extents"]
+    assert extents[0]["kpu"] == f"L{n1}.K"
+    for before, after in itertools.pairwise(extents):
+        assert after["lba_start"] == before["lba_start"] + before["n_blocks"]
+
+
+def test_plan_table(capsys):
+    assert main(["plan", PAPER, "--memory-limit", "6GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "= page-cache budget B_pc" in out
+    assert "page cache    20 layers" in out
+    assert "0-19" in out
+    assert "20-31" in out
+    assert "L31.V" in out
+
+
+def test_plan_with_discovered_memory(capsys):
+    assert main(["plan", str(ROOT / "configs/default.toml"), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["groups"]["page_cache"] == [0, 1, 2, 3, 4]  # knob_x = 32 MiB, 6.4 MiB a layer
+
+
+def test_config_check_and_schema(capsys):
+    assert main(["config", "check", PAPER]) == 0
+    assert "valid" in capsys.readouterr().out
+    assert main(["config", "schema"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "dualblade pipeline config"
+
+
+@pytest.mark.parametrize("command", ["plan", "config check"])
+def test_malformed_config_exit_2_one_paragraph(tmp_path, command):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[model]\npreset = "opt-6.7b"\n[workload]\nbatch = -1\nprompt_len = 8\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "dualblade.cli", *command.split(), str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    stderr = result.stderr.strip()
+    assert "Traceback" not in stderr
+    assert len(stderr.splitlines()) == 1
+    assert "workload.batch: Input should be greater than 0 (got -1)" in stderr
+    assert "workload.max_new_tokens: required but missing" in stderr
+
+
+def test_bad_memory_limit(capsys):
+    assert main(["plan", PAPER, "--memory-limit", "six"]) == 2
+    assert "'six' is not a size" in capsys.readouterr().err

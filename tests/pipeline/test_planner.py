@@ -1,0 +1,114 @@
+"""Whole plans: the paper's config at 6 GiB, every batch size, every policy."""
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualblade.pipeline import (
+    ExtentOverflowError,
+    RowRange,
+    budget_for,
+    config_from_mapping,
+    load_config,
+    make_plan,
+    pin_bytes,
+    plan_slice,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+PAPER = load_config(CONFIGS / "opt-6.7b-paper.toml", env={})
+
+
+def _with(config, **changes):
+    data = config.model_dump(mode="json")
+    for dotted, value in changes.items():
+        *path, last = dotted.split("__")
+        table = data
+        for key in path:
+            table = table[key]
+        table[last] = value
+    return config_from_mapping(data, env={})
+
+
+def test_paper_at_6_gib():
+    budget = budget_for(PAPER, 6 << 30)
+    plan = make_plan(PAPER, budget)
+    layer = 272 << 20
+    n1 = budget.page_cache_bytes // layer
+    assert budget.source == "explicit limit"
+    assert budget.pin_bytes == pin_bytes(PAPER) == 136 << 20
+    assert plan.placement.page_cache == tuple(range(n1))
+    assert plan.placement.direct == tuple(range(n1, 32))
+    assert n1 == 20
+    extents = plan.lba_map.extents
+    assert [str(e.kpu) for e in extents[:3]] == ["L20.K", "L20.V", "L21.K"]
+    assert extents[0].lba_start == PAPER.storage.direct.first_lba
+    for before, after in itertools.pairwise(extents):
+        assert after.lba_start == before.lba_start + before.n_blocks
+    assert all(e.n_blocks == (136 << 20) // 4096 for e in extents)
+    data = plan.to_dict()
+    assert list(data)[:3] == ["budget", "groups", "placement"]
+    assert data["groups"] == {"page_cache": list(range(20)), "direct": list(range(20, 32))}
+
+
+def test_budget_sources():
+    assert budget_for(_with(PAPER, memory__limit="4GiB")).limit_bytes == 4 << 30
+    fixed = _with(PAPER, memory__page_cache_budget="1GiB")
+    assert budget_for(fixed).page_cache_bytes == 1 << 30
+    assert budget_for(fixed, 6 << 30).limit_bytes == 6 << 30  # the caller's limit wins
+    discovered = budget_for(PAPER)
+    assert discovered.limit_bytes is not None
+    assert discovered.limit_bytes > 0
+    assert "explicit" not in discovered.source
+
+
+@pytest.mark.parametrize(
+    ("policy", "n1"), [("direct", 0), ("page-cache", 32), ("baseline", 32), ("cache-policy", 32)]
+)
+def test_policies(policy, n1):
+    config = _with(PAPER, policy=policy)
+    plan = make_plan(config, budget_for(config, 2 << 30))
+    assert plan.placement.n1 == n1
+    assert len(plan.lba_map) == 2 * (32 - n1)
+
+
+def test_declared_extent_too_small():
+    config = _with(PAPER, policy="direct", storage__direct__extent_size="8GiB")
+    with pytest.raises(ExtentOverflowError, match="enlarge extent_size"):
+        make_plan(config, budget_for(config, 2 << 30))
+
+
+def test_file_target_without_extent_sizes_to_fit():
+    config = _with(PAPER, storage__direct={"kind": "file", "path": "/tmp/x.kv", "first_lba": 8})
+    plan = make_plan(config, budget_for(config, 2 << 30))
+    assert plan.lba_map.region.first_lba == 8
+    assert plan.lba_map.end == plan.lba_map.region.end
+
+
+@settings(max_examples=25, deadline=None)
+@given(batch=st.integers(1, 70), preset=st.sampled_from(["opt-6.7b", "opt-13b", "qwen2.5-7b"]))
+def test_any_batch_size_plans_and_slices_never_overlap(batch, preset):
+    config = _with(
+        PAPER, workload__batch=batch, model={"preset": preset}, storage__direct__extent_size="64GiB"
+    )
+    plan = make_plan(config, budget_for(config, 3 << 30))
+    assert plan.layout.row_stride % 4096 == 0
+    assert len(plan.lba_map) == 2 * len(plan.placement.direct)
+    claimed = []
+    for extent in plan.lba_map:
+        for rows in (RowRange.prefix(512), RowRange.row(520), RowRange(512, 544)):
+            slice_plan = plan_slice(extent, plan.layout, rows, config.max_chunk)
+            claimed += [(c.slba, c.slba + c.nlb, str(extent.kpu), rows) for c in slice_plan.chunks]
+            assert all(extent.lba_start <= c.slba < extent.end for c in slice_plan.chunks)
+    # Chunks of different KPUs never share a block; chunks of one slice never overlap.
+    by_slice = {}
+    for start, stop, kpu, rows in claimed:
+        by_slice.setdefault((kpu, rows), []).append((start, stop))
+    for spans in by_slice.values():
+        spans.sort()
+        assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
+    extents = sorted((e.lba_start, e.end) for e in plan.lba_map)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(extents))
