@@ -10,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from dualblade.pipeline import (
     MemoryDiscoveryError,
@@ -131,9 +132,13 @@ def test_unreadable_cgroup_falls_back_to_host(tmp_path):
         V2_MOUNT,
         {"sys/fs/cgroup/a/memory.current": "150\n", "sys/fs/cgroup/a/memory.stat": "garbage\n"},
     )
-    snapshot = discover_memory(root)
+    with capture_logs() as logs:
+        snapshot = discover_memory(root)
     assert snapshot.cgroup is None
     assert snapshot.host.total_bytes > 0
+    assert [(e["event"], e["log_level"], e["path"]) for e in logs] == [
+        ("cgroup_unreadable", "warning", "/a")
+    ]
 
 
 def test_missing_meminfo_is_an_error(tmp_path):
