@@ -228,3 +228,17 @@ def test_real_v1_discovery_inside_the_group(v1_groups, tmp_path):
     # 32 MiB written through the page cache is charged to the group as file pages, not as use.
     assert found["file_after"] - found["file_before"] >= 30 << 20
     assert found["non_file_after"] < found["usage_after"] - (30 << 20)
+
+
+def test_v1_counts_the_whole_subtree(tmp_path):
+    """A v1 group's usage includes its children, so its page cache must too (``total_*``)."""
+    group = tmp_path / "g"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text("1073741824\n")
+    (group / "memory.usage_in_bytes").write_text("500\n")
+    (group / "memory.stat").write_text(
+        "active_file 1\ninactive_file 2\nhierarchical_memory_limit 536870912\n"
+        "total_active_file 100\ntotal_inactive_file 200\n"
+    )
+    cgroup = read_cgroup_v1(group, "/g")
+    assert (cgroup.limit_bytes, cgroup.file_bytes, cgroup.non_file_bytes) == (512 << 20, 300, 200)
