@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,10 +42,13 @@ def run(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     limit = None if args.memory_limit is None else parse_size(args.memory_limit)
     plan = make_plan(config, budget_for(config, limit))
-    if args.json:
-        print(_compact_json(plan.to_dict()))
-    else:
-        print(render_table(plan, str(args.config)))
+    text = _compact_json(plan.to_dict()) if args.json else render_table(plan, str(args.config))
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        # `dualblade plan ... | head` closed the pipe: that reader wanted no more, which is not an
+        # error. Point stdout at /dev/null so the interpreter's final flush stays quiet too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

@@ -2,6 +2,7 @@
 
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,22 @@ def test_malformed_config_exit_2_one_paragraph(tmp_path, command):
 def test_bad_memory_limit(capsys):
     assert main(["plan", PAPER, "--memory-limit", "six"]) == 2
     assert "'six' is not a size" in capsys.readouterr().err
+
+
+def test_plan_into_a_closed_pipe_is_quiet():
+    """`dualblade plan ... | head -c 1500` must not end in a BrokenPipeError traceback."""
+    reader, writer = os.pipe()
+    os.close(reader)  # the reader is gone before anything is written: every write gets EPIPE
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "dualblade.cli", "plan", PAPER, "--memory-limit", "6GiB"],
+            stdout=writer,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            cwd=ROOT,
+        )
+    finally:
+        os.close(writer)
+    assert "Traceback" not in result.stderr
+    assert result.returncode == 0
