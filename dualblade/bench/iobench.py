@@ -87,7 +87,8 @@ class IoBenchResult:
             "engine": self.engine,
             "cache_drop": self.cache_drop,
             "results": {
-                path: {op: s.summary() for op, s in ops.items()} for path, ops in self.series.items()
+                path: {op: s.summary() for op, s in ops.items()}
+                for path, ops in self.series.items()
             },
             "cpu_us_per_chunk": round(self.cpu_us_per_chunk, 2),
             "fio_cpu_us_per_chunk": (
@@ -143,9 +144,11 @@ def run_iobench(
     use_fio = config.use_fio and fio.fio_path() is not None
     series: dict[str, dict[str, Series]] = {
         name: {"write": Series(), "read": Series()}
-        for name in ("direct", *(("fio",) if use_fio else ()), *(
-            ("page_cache",) if config.page_cache and isinstance(target, DirectFile) else ()
-        ))
+        for name in (
+            "direct",
+            *(("fio",) if use_fio else ()),
+            *(("page_cache",) if config.page_cache and isinstance(target, DirectFile) else ()),
+        )
     }
     request = min(config.request_bytes, size)
     buffers = [AlignedBuffer(request) for _ in range(2)]

@@ -103,8 +103,12 @@ def collect() -> dict[str, Any]:
         "transparent_hugepages": thp,
         "targets": {
             "file": _direct_file_usable(cache),
-            "block": {"usable": os.geteuid() == 0, "reason": None if os.geteuid() == 0 else
-                      "raw block devices need root (or the disk group)"},
+            "block": {
+                "usable": os.geteuid() == 0,
+                "reason": None
+                if os.geteuid() == 0
+                else "raw block devices need root (or the disk group)",
+            },
             "nvme": _nvme_namespaces(),
         },
         "fio": shutil.which("fio"),
@@ -118,11 +122,15 @@ def run(args: argparse.Namespace) -> int:
         print_json(report)
         return 0
     uring = report["io_uring"]
-    print(f"kernel             {report['kernel']} (python {report['python']}, root={report['root']})")
+    print(
+        f"kernel             {report['kernel']} (python {report['python']}, root={report['root']})"
+    )
     if uring["available"]:
         supported = [name for name, ok in uring["opcodes"].items() if ok]
-        print(f"io_uring           available, liburing {uring['liburing_version']} "
-              f"({uring['liburing_path']})")
+        print(
+            f"io_uring           available, liburing {uring['liburing_version']} "
+            f"({uring['liburing_path']})"
+        )
         print(f"  passthrough      {'yes' if uring['passthrough_rings'] else 'no'} (SQE128/CQE32)")
         print(f"  opcodes          {', '.join(supported)}")
     else:
@@ -130,17 +138,23 @@ def run(args: argparse.Namespace) -> int:
     memory = report["memory"]
     cgroup = memory.get("cgroup") if isinstance(memory, dict) else None
     host = memory.get("host", {}) if isinstance(memory, dict) else {}
-    print(f"memory             total {host.get('total_bytes')} B, available "
-          f"{host.get('available_bytes')} B")
+    print(
+        f"memory             total {host.get('total_bytes')} B, available "
+        f"{host.get('available_bytes')} B"
+    )
     if cgroup:
-        print(f"  cgroup v{cgroup['version']}       {cgroup['path']}: limit {cgroup['limit_bytes']}, "
-              f"usage {cgroup['usage_bytes']}")
+        print(
+            f"  cgroup v{cgroup['version']}       {cgroup['path']}: limit {cgroup['limit_bytes']}, "
+            f"usage {cgroup['usage_bytes']}"
+        )
     print(f"memlock limit      {report['memlock_limit_bytes'] or 'unlimited'}")
     print(f"huge pages (THP)   {report['transparent_hugepages']}")
     targets = report["targets"]
     file_target = targets["file"]
-    print(f"target file        {'usable' if file_target['usable'] else 'NOT usable'} in "
-          f"{file_target['folder']} {file_target.get('reason') or ''}")
+    print(
+        f"target file        {'usable' if file_target['usable'] else 'NOT usable'} in "
+        f"{file_target['folder']} {file_target.get('reason') or ''}"
+    )
     print(f"target block       {'usable' if targets['block']['usable'] else 'needs root'}")
     if targets["nvme"]:
         for namespace in targets["nvme"]:
@@ -149,6 +163,8 @@ def run(args: argparse.Namespace) -> int:
         print("target nvme        no NVMe namespaces (/dev/ngXnY)")
     print(f"fio                {report['fio'] or 'not installed'}")
     cuda = report["cuda"]
-    print(f"cuda               {cuda.get('devices') if cuda['available'] else 'not available'} "
-          f"(torch {cuda['torch']})")
+    print(
+        f"cuda               {cuda.get('devices') if cuda['available'] else 'not available'} "
+        f"(torch {cuda['torch']})"
+    )
     return 0

@@ -25,9 +25,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=os.path.join(default_cache_dir(), "iobench.dat"),
         help="file (created and preallocated) or raw block device (default: %(default)s)",
     )
-    parser.add_argument("--size", default="1GiB", help="bytes to move per run (default: %(default)s)")
+    parser.add_argument(
+        "--size", default="1GiB", help="bytes to move per run (default: %(default)s)"
+    )
     parser.add_argument("--block-size", default="1MiB", help="chunk size (default: %(default)s)")
-    parser.add_argument("--queue-depth", type=int, default=32, help="chunks in flight (default: 32)")
+    parser.add_argument(
+        "--queue-depth", type=int, default=32, help="chunks in flight (default: 32)"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs per side (default: 3)")
     parser.add_argument("--no-fio", action="store_true", help="skip the fio reference")
     parser.add_argument(

@@ -22,6 +22,7 @@ import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dualblade.io_engine.errors import IoUringUnavailableError
 
@@ -70,8 +71,8 @@ class LibUring:
     version: str
     cdll: ctypes.CDLL
 
-    def __getattr__(self, name: str) -> ctypes._CFuncPtr:  # noqa: D105 - typed passthrough
-        return getattr(self.cdll, name)  # type: ignore[no-any-return]
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.cdll, name)
 
 
 def _candidates() -> list[str]:

@@ -30,7 +30,7 @@ class Kind(enum.Enum):
     TRIM = "trim"
 
 
-class Cancelled(Exception):
+class CancelledError(Exception):
     """Internal marker: the caller cancelled the request before it finished."""
 
 
@@ -168,10 +168,10 @@ class IORequest:
         self._maybe_finish()
 
     def result(self) -> int:
-        """Bytes transferred; raises the request's error, or :class:`Cancelled`."""
+        """Bytes transferred; raises the request's error, or :class:`CancelledError`."""
         assert self.finished, "result() before the request finished"
         if self.error is not None:
             raise self.error
         if self.cancelled and not self.complete():
-            raise Cancelled
+            raise CancelledError
         return self.done_bytes

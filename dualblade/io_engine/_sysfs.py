@@ -34,8 +34,13 @@ def queue_limits(major: int, minor: int) -> dict[str, int]:
     queue = folder / "queue"
     if not queue.exists() and (folder / "partition").exists():
         queue = folder.parent / "queue"
-    names = ("max_sectors_kb", "max_hw_sectors_kb", "max_segments", "logical_block_size",
-             "discard_max_bytes")
+    names = (
+        "max_sectors_kb",
+        "max_hw_sectors_kb",
+        "max_segments",
+        "logical_block_size",
+        "discard_max_bytes",
+    )
     out: dict[str, int] = {}
     for name in names:
         value = read_int(queue / name)

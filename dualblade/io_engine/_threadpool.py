@@ -31,6 +31,7 @@ class ThreadPoolBackend:
         self._running = 0
         self._closed = False
         self.chunks_submitted = 0
+        self.peak_inflight = 0
 
     def submit(self, request: IORequest) -> None:
         if request.target.passthrough or not request.target.threadpool_capable:
@@ -72,6 +73,7 @@ class ThreadPoolBackend:
             request.chunk_started()
             self._running += 1
             self.chunks_submitted += 1
+            self.peak_inflight = max(self.peak_inflight, self._running)
             self._pool.submit(self._execute, request, *chunk)
 
     def _execute(self, request: IORequest, rel: int, size: int) -> None:
@@ -83,12 +85,11 @@ class ThreadPoolBackend:
             else:
                 assert request.buffer is not None
                 start = request.buf_offset + rel
-                view = request.buffer.view[start : start + size]
-                if request.kind is Kind.WRITE:
-                    transferred = request.target.pwrite_blocking(view, offset)
-                else:
-                    transferred = request.target.pread_blocking(view, offset)
-                view.release()
+                with request.buffer.view[start : start + size] as view:
+                    if request.kind is Kind.WRITE:
+                        transferred = request.target.pwrite_blocking(view, offset)
+                    else:
+                        transferred = request.target.pread_blocking(view, offset)
             error: BaseException | None = None
         except OSError as os_error:
             error = IOFailedError(

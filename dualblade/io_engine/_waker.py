@@ -8,6 +8,7 @@ up and the loop ended) is ignored: nobody is left to wake.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -25,10 +26,8 @@ def async_waker() -> tuple[anyio.Event, Callable[[], None]]:
         token = trio.lowlevel.current_trio_token()
 
         def wake_trio() -> None:
-            try:
+            with contextlib.suppress(trio.RunFinishedError):
                 token.run_sync_soon(event.set)
-            except trio.RunFinishedError:
-                pass
 
         return event, wake_trio
 
@@ -37,10 +36,8 @@ def async_waker() -> tuple[anyio.Event, Callable[[], None]]:
     loop = asyncio.get_running_loop()
 
     def wake_asyncio() -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the loop has closed: nobody left to wake
             loop.call_soon_threadsafe(event.set)
-        except RuntimeError:  # loop closed
-            pass
 
     return event, wake_asyncio
 

@@ -78,13 +78,13 @@ class AlignedBuffer:
             raise BufferBusyError("buffer is closed")
         return self._view
 
-    def tensor(self, dtype: torch.dtype | None = None, count: int = -1, offset: int = 0) -> torch.Tensor:
+    def tensor(
+        self, dtype: torch.dtype | None = None, count: int = -1, offset: int = 0
+    ) -> torch.Tensor:
         """A 1-D torch tensor aliasing the buffer (no copy); keeps the buffer mapped while alive."""
         import torch
 
-        return torch.frombuffer(
-            self.view, dtype=dtype or torch.uint8, count=count, offset=offset
-        )
+        return torch.frombuffer(self.view, dtype=dtype or torch.uint8, count=count, offset=offset)
 
     # -- DMA accounting (called by the engine) -----------------------------------------------
     def begin_io(self) -> None:
@@ -114,7 +114,8 @@ class AlignedBuffer:
             return True
         if not torch.cuda.is_available():
             return False
-        result = torch.cuda.cudart().cudaHostRegister(self.address, self.size, 0)
+        cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+        result = cudart.cudaHostRegister(self.address, self.size, 0)
         if int(result) != 0:
             raise BufferBusyError(f"cudaHostRegister of {self.size} bytes failed: {result}")
         self._cuda_registered = True
@@ -138,7 +139,8 @@ class AlignedBuffer:
             if self._cuda_registered:
                 import torch
 
-                torch.cuda.cudart().cudaHostUnregister(self.address)
+                cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]
+                cudart.cudaHostUnregister(self.address)
                 self._cuda_registered = False
             # Drop our view without ``release()``: a tensor from :meth:`tensor` holds a slice of
             # it, and releasing would let the mapping go while the tensor still points into it.

@@ -27,7 +27,7 @@ from typing import Literal, Protocol
 import anyio
 import structlog
 
-from dualblade.io_engine._request import Cancelled, IORequest, Kind
+from dualblade.io_engine._request import CancelledError, IORequest, Kind
 from dualblade.io_engine._threadpool import ThreadPoolBackend
 from dualblade.io_engine._waker import async_waker, blocking_waker
 from dualblade.io_engine.buffers import AlignedBuffer
@@ -47,6 +47,7 @@ class Backend(Protocol):
 
     queue_depth: int
     chunks_submitted: int
+    peak_inflight: int
 
     def submit(self, request: IORequest) -> None: ...
     def cancel(self, request: IORequest) -> None: ...
@@ -117,12 +118,17 @@ class IOEngine:
     @property
     def kind(self) -> str:
         """``"io_uring"`` or ``"threadpool"``."""
-        return "io_uring" if isinstance(self._backend, Ring) else "threadpool"
+        return "threadpool" if isinstance(self._backend, ThreadPoolBackend) else "io_uring"
 
     @property
     def chunks_submitted(self) -> int:
         """Chunks handed to the kernel (or workers) since the engine started."""
         return self._backend.chunks_submitted
+
+    @property
+    def peak_inflight(self) -> int:
+        """The most chunks that were in flight at once (never above ``queue_depth``)."""
+        return self._backend.peak_inflight
 
     def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None:
         """Register buffers as io_uring fixed buffers (once per engine; no-op in compat mode)."""
@@ -161,12 +167,20 @@ class IOEngine:
         target.check_io(kind.value, offset, size, address)
         chunk = target.max_trim if kind is Kind.TRIM else target.max_transfer
         if self.max_chunk is not None and kind is not Kind.TRIM:
-            chunk = max(target.lba_size, min(chunk, self.max_chunk // target.lba_size * target.lba_size))
+            chunk = max(
+                target.lba_size, min(chunk, self.max_chunk // target.lba_size * target.lba_size)
+            )
         return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)  # type: ignore[arg-type]
 
     # -- async API ---------------------------------------------------------------------------
     async def pread(
-        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+        self,
+        target: Target,
+        buf: AlignedBuffer,
+        size: int,
+        file_offset: int,
+        *,
+        buf_offset: int = 0,
     ) -> int:
         """Read ``size`` bytes at ``file_offset`` into ``buf[buf_offset:]``; returns ``size``.
 
@@ -177,7 +191,13 @@ class IOEngine:
         return await self._run_async(Kind.READ, target, buf, size, file_offset, buf_offset)
 
     async def pwrite(
-        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+        self,
+        target: Target,
+        buf: AlignedBuffer,
+        size: int,
+        file_offset: int,
+        *,
+        buf_offset: int = 0,
     ) -> int:
         """Write ``size`` bytes from ``buf[buf_offset:]`` at ``file_offset``; returns ``size``."""
         return await self._run_async(Kind.WRITE, target, buf, size, file_offset, buf_offset)
@@ -215,13 +235,25 @@ class IOEngine:
 
     # -- blocking API ------------------------------------------------------------------------
     def read(
-        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+        self,
+        target: Target,
+        buf: AlignedBuffer,
+        size: int,
+        file_offset: int,
+        *,
+        buf_offset: int = 0,
     ) -> int:
         """Blocking :meth:`pread`."""
         return self._run_blocking(Kind.READ, target, buf, size, file_offset, buf_offset)
 
     def write(
-        self, target: Target, buf: AlignedBuffer, size: int, file_offset: int, *, buf_offset: int = 0
+        self,
+        target: Target,
+        buf: AlignedBuffer,
+        size: int,
+        file_offset: int,
+        *,
+        buf_offset: int = 0,
     ) -> int:
         """Blocking :meth:`pwrite`."""
         return self._run_blocking(Kind.WRITE, target, buf, size, file_offset, buf_offset)
@@ -254,7 +286,7 @@ class IOEngine:
             raise
         try:
             return request.result()
-        except Cancelled:  # pragma: no cover - only async callers cancel
+        except CancelledError:  # pragma: no cover - only async callers cancel
             raise IOEngineError("request cancelled") from None
 
     # -- lifetime ----------------------------------------------------------------------------

@@ -165,8 +165,10 @@ def describe_status(status: int) -> str:
     """A readable NVMe status: type, code, and the do-not-retry bit."""
     sc = status & 0xFF
     sct = (status >> 8) & 0x7
-    text = _GENERIC_STATUS.get(sc, f"status code 0x{sc:02x}") if sct == 0 else (
-        f"status code type {sct}, code 0x{sc:02x}"
+    text = (
+        _GENERIC_STATUS.get(sc, f"status code 0x{sc:02x}")
+        if sct == 0
+        else (f"status code type {sct}, code 0x{sc:02x}")
     )
     if status & (1 << 14):
         text += ", do not retry"

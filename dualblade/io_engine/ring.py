@@ -59,7 +59,9 @@ class Ring:
         IoUringUnavailableError: io_uring cannot be set up here; the message says why.
     """
 
-    def __init__(self, queue_depth: int = 32, *, passthrough: bool = False, name: str = "ring"):
+    def __init__(
+        self, queue_depth: int = 32, *, passthrough: bool = False, name: str = "ring"
+    ) -> None:
         if queue_depth < 1:
             raise ValueError(f"queue_depth must be at least 1, got {queue_depth}")
         self.lib = _liburing.load()
@@ -89,6 +91,7 @@ class Ring:
         self._stopping = False
         self._fatal: BaseException | None = None
         self.chunks_submitted = 0
+        self.peak_inflight = 0
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -106,9 +109,7 @@ class Ring:
             errno.ENOMEM: "not enough locked memory for the ring (raise RLIMIT_MEMLOCK)",
             errno.EINVAL: "the kernel rejected the ring flags (SQE128/CQE32 need Linux 5.19+)",
         }
-        return f"io_uring_queue_init failed: {os.strerror(code)}; " + reasons.get(
-            code, "see dmesg"
-        )
+        return f"io_uring_queue_init failed: {os.strerror(code)}; " + reasons.get(code, "see dmesg")
 
     # -- API used by other threads ---------------------------------------------------------------
     def submit(self, request: IORequest) -> None:
@@ -242,6 +243,8 @@ class Ring:
             inflight[ud] = (request, rel, size, op)
             request.chunk_started()
             self.chunks_submitted += 1
+        if len(inflight) > self.peak_inflight:
+            self.peak_inflight = len(inflight)
 
     def _op_for(self, request: IORequest, rel: int, size: int) -> opcodes.Op:
         target = request.target
@@ -254,7 +257,10 @@ class Ring:
         assert buffer is not None
         index = self._registered.get(id(buffer)) if not target.passthrough else None
         return target.io_op(
-            request.kind is Kind.WRITE, buffer.address + request.buf_offset + rel, size, offset,
+            request.kind is Kind.WRITE,
+            buffer.address + request.buf_offset + rel,
+            size,
+            offset,
             index,
         )
 
@@ -266,7 +272,7 @@ class Ring:
             if not count:
                 return
             for i in range(count):
-                address = ptrs[i]
+                address: int = ptrs[i]  # type: ignore[assignment]  # never NULL below count
                 cqe = from_address(address)
                 ud, res = cqe.user_data, cqe.res
                 if ud >= _UD_FIRST:

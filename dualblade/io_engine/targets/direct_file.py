@@ -34,7 +34,9 @@ class DirectFile(Target):
         TargetError: the file system refuses O_DIRECT or preallocation, or permission is denied.
     """
 
-    def __init__(self, path: str | os.PathLike[str], size: int, *, max_transfer: int = DEFAULT_MAX_TRANSFER):
+    def __init__(
+        self, path: str | os.PathLike[str], size: int, *, max_transfer: int = DEFAULT_MAX_TRANSFER
+    ) -> None:
         self.name = str(path)
         self.lba_size = DIRECT_FILE_ALIGNMENT
         self.alignment = DIRECT_FILE_ALIGNMENT

@@ -24,7 +24,9 @@ class PageCacheFile(Target):
         max_transfer: the largest single command in bytes.
     """
 
-    def __init__(self, path: str | os.PathLike[str], size: int, *, max_transfer: int = 1 << 20):
+    def __init__(
+        self, path: str | os.PathLike[str], size: int, *, max_transfer: int = 1 << 20
+    ) -> None:
         self.name = str(path)
         self.lba_size = 1
         self.alignment = 1
@@ -36,7 +38,9 @@ class PageCacheFile(Target):
             if os.fstat(self.fd).st_size < size:
                 os.ftruncate(self.fd, size)
         except OSError as error:
-            raise TargetError(f"cannot open {file} for the page-cache path: {error.strerror}") from error
+            raise TargetError(
+                f"cannot open {file} for the page-cache path: {error.strerror}"
+            ) from error
         self.size = max(size, os.fstat(self.fd).st_size)
         self._mmap: mmap.mmap | None = None
 

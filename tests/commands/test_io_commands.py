@@ -1,0 +1,76 @@
+"""``dualblade doctor`` and ``dualblade iobench`` end to end, through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dualblade.cli import main
+
+
+def test_doctor_json_reports_io_uring(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["io_uring"]["available"] in (True, False)
+    if report["io_uring"]["available"]:
+        assert report["io_uring"]["opcodes"]["READ"] is True
+    assert report["targets"]["file"]["usable"] is True
+
+
+def test_doctor_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    assert "io_uring" in capsys.readouterr().out
+
+
+def test_iobench_small_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    target = tmp_path / "bench.dat"
+    code = main(
+        [
+            "iobench",
+            "--target",
+            str(target),
+            "--size",
+            "8MiB",
+            "--block-size",
+            "128KiB",
+            "--queue-depth",
+            "4",
+            "--runs",
+            "2",
+            "--json",
+        ]
+    )
+    assert code == 0
+    document = json.loads(capsys.readouterr().out)
+    direct = document["results"]["direct"]
+    assert direct["write"]["runs"] == direct["read"]["runs"] == 2
+    assert direct["read"]["median_bytes_per_s"] > 0
+    assert document["cpu_us_per_chunk"] > 0
+    if shutil.which("fio"):
+        assert set(document["direct_vs_fio"]) == {"read", "write"}
+        assert document["fio_cpu_us_per_chunk"] is not None
+    else:
+        assert "direct_vs_fio" not in document
+    assert target.stat().st_size == 8 << 20
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--block-size", "1000"], "multiple of 4096"),
+        (["--size", "4KiB"], "at least one block"),
+        (["--size", "lots"], "is not a size"),
+        (["--runs", "0"], "at least 1"),
+    ],
+)
+def test_iobench_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], message: str
+) -> None:
+    code = main(["iobench", "--target", str(tmp_path / "x.dat"), *args])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err

@@ -1,0 +1,23 @@
+"""Fixtures shared by the whole suite."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Run every ``@pytest.mark.anyio`` test under both asyncio and trio."""
+    return str(request.param)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skip ``root``-marked tests, with the reason, when not running as root."""
+    if os.geteuid() == 0:
+        return
+    skip = pytest.mark.skip(reason="needs root (loop devices, cgroups, drop_caches); run as root")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)

@@ -1,0 +1,66 @@
+"""Aligned buffers: alignment, tensor aliasing, and refusal to release under DMA or aliasing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dualblade.io_engine import HUGE_PAGE_SIZE, PAGE_SIZE, AlignedBuffer, BufferBusyError
+
+
+def test_small_buffers_are_page_aligned_and_rounded_up() -> None:
+    with AlignedBuffer(5000) as buf:
+        assert buf.size == 2 * PAGE_SIZE
+        assert buf.address % PAGE_SIZE == 0
+        assert not buf.huge
+
+
+def test_large_buffers_are_huge_page_aligned_where_thp_is_on() -> None:
+    with AlignedBuffer(4 << 20) as buf:
+        if buf.huge:
+            assert buf.address % HUGE_PAGE_SIZE == 0
+        else:
+            pytest.skip("transparent huge pages are disabled on this machine")
+
+
+def test_tensor_aliases_the_buffer_without_copy() -> None:
+    with AlignedBuffer(1 << 20) as buf:
+        t = buf.tensor(torch.float16)
+        assert t.numel() == (1 << 20) // 2
+        assert t.data_ptr() == buf.address
+        t[:4] = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=torch.float16)
+        assert bytes(buf.view[:8]) == t[:4].numpy().tobytes()
+        del t
+
+
+def test_close_refuses_while_a_tensor_aliases_it() -> None:
+    buf = AlignedBuffer(1 << 20)
+    t = buf.tensor()
+    with pytest.raises(BufferError, match="aliases"):
+        buf.close()
+    assert not buf.closed
+    t[0] = 3  # still valid memory
+    del t
+    buf.close()
+    assert buf.closed
+
+
+def test_close_refuses_while_io_is_in_flight() -> None:
+    buf = AlignedBuffer(1 << 20)
+    buf.begin_io()
+    with pytest.raises(BufferBusyError, match="in flight"):
+        buf.close()
+    buf.end_io()
+    buf.close()
+    with pytest.raises(BufferBusyError, match="closed"):
+        buf.begin_io()
+
+
+def test_bad_size() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        AlignedBuffer(0)
+
+
+def test_pin_for_cuda_is_a_no_op_without_cuda() -> None:
+    with AlignedBuffer(1 << 20) as buf:
+        assert buf.pin_for_cuda() is torch.cuda.is_available()
