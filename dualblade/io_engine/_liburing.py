@@ -20,7 +20,6 @@ import ctypes
 import functools
 import importlib.util
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,16 +62,27 @@ _PROTOTYPES: dict[str, tuple[object, tuple[object, ...]]] = {
 RING_STRUCT_BYTES = 1024
 
 
-@dataclass(frozen=True)
 class LibUring:
-    """The loaded library: its path, version and the bound functions."""
+    """The loaded library: its path, version and the bound functions as attributes.
 
-    path: str
-    version: str
-    cdll: ctypes.CDLL
+    Functions are set as instance attributes (not looked up through ``__getattr__``) because the
+    ring thread calls several of them per chunk and a failed attribute lookup costs about as much
+    as the C call itself.
+    """
+
+    def __init__(self, path: str, cdll: ctypes.CDLL) -> None:
+        self.path = path
+        self.cdll = cdll
+        for name, (restype, argtypes) in _PROTOTYPES.items():
+            function = getattr(cdll, name)  # AttributeError: not an FFI build
+            function.restype = restype
+            function.argtypes = argtypes
+            setattr(self, name, function)
+        self.version = f"{cdll.io_uring_major_version()}.{cdll.io_uring_minor_version()}"
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.cdll, name)
+        """Only reached for names that are not bound: say which."""
+        raise AttributeError(f"liburing function {name!r} is not bound in dualblade")
 
 
 def _candidates() -> list[str]:
@@ -89,13 +99,7 @@ def _candidates() -> list[str]:
 
 
 def _bind(path: str) -> LibUring:
-    cdll = ctypes.CDLL(path)
-    for name, (restype, argtypes) in _PROTOTYPES.items():
-        function = getattr(cdll, name)  # AttributeError: not an FFI build
-        function.restype = restype
-        function.argtypes = argtypes
-    version = f"{cdll.io_uring_major_version()}.{cdll.io_uring_minor_version()}"
-    return LibUring(path=path, version=version, cdll=cdll)
+    return LibUring(path, ctypes.CDLL(path))
 
 
 @functools.cache

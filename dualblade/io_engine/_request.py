@@ -52,6 +52,7 @@ class IORequest:
         "error",
         "finished",
         "inflight",
+        "is_write",
         "kind",
         "length",
         "notify",
@@ -73,6 +74,7 @@ class IORequest:
         notify: Callable[[], None],
     ) -> None:
         self.kind = kind
+        self.is_write = kind is Kind.WRITE  # read per chunk on the hot path
         self.target = target
         self.buffer = buffer
         self.buf_offset = buf_offset
@@ -88,6 +90,9 @@ class IORequest:
         self.error: BaseException | None = None
         self.cancelled = False
         self.finished = False
+        if buffer is not None:
+            # Counted once per request, from now until the last chunk's completion is reaped.
+            buffer.begin_io()
 
     @property
     def stopped(self) -> bool:
@@ -115,8 +120,6 @@ class IORequest:
         """A chunk was handed to the kernel (or a worker): its buffer is now under DMA."""
         self.inflight += 1
         self.chunks_submitted += 1
-        if self.buffer is not None:
-            self.buffer.begin_io()
 
     def chunk_done(self, rel: int, size: int, transferred: int) -> None:
         """A chunk completed with ``transferred`` bytes (may be short)."""
@@ -149,8 +152,6 @@ class IORequest:
 
     def _end_chunk(self) -> None:
         self.inflight -= 1
-        if self.buffer is not None:
-            self.buffer.end_io()
 
     def complete(self) -> bool:
         """All bytes were transferred."""
@@ -161,7 +162,16 @@ class IORequest:
             return
         if self.stopped or self.complete():
             self.finished = True
+            if self.buffer is not None:
+                self.buffer.end_io()  # the kernel has let go of the buffer
             self.notify()
+
+    def abandon(self, error: BaseException) -> None:
+        """Finish a request none of whose chunks is in flight (refused, or its backend died)."""
+        assert self.inflight == 0, "abandon() with chunks in flight"
+        if self.error is None:
+            self.error = error
+        self._maybe_finish()
 
     def start_empty(self) -> None:
         """Finish a zero-length request at once."""

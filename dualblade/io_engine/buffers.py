@@ -40,9 +40,10 @@ def _thp_available() -> bool:
 class AlignedBuffer:
     """A page-aligned (2 MiB-aligned when ``huge``) host buffer, pre-faulted.
 
-    The buffer counts the kernel operations that may touch it (``begin_io``/``end_io`` are
-    called by the engine); :meth:`close` raises :class:`BufferBusyError` while any is in flight,
-    so memory is never unmapped under DMA.
+    The buffer counts the requests whose chunks the kernel may be touching (``begin_io`` when a
+    request on it is created, ``end_io`` when its last completion is reaped);
+    :meth:`close` raises :class:`BufferBusyError` while any is in flight, so memory is never
+    unmapped under DMA.
 
     Args:
         size: usable bytes; rounded up to whole pages.
@@ -88,21 +89,21 @@ class AlignedBuffer:
 
     # -- DMA accounting (called by the engine) -----------------------------------------------
     def begin_io(self) -> None:
-        """Note that a kernel operation may now read or write this buffer."""
+        """Note that a request may now have the kernel read or write this buffer."""
         with self._lock:
             if self._view is None:
                 raise BufferBusyError("I/O submitted on a closed buffer")
             self._inflight += 1
 
     def end_io(self) -> None:
-        """Note that one kernel operation on this buffer has completed (its CQE was reaped)."""
+        """Note that a request on this buffer has finished (its last CQE was reaped)."""
         with self._lock:
             assert self._inflight > 0, "end_io without begin_io"
             self._inflight -= 1
 
     @property
     def inflight(self) -> int:
-        """Kernel operations that may still touch this buffer."""
+        """Requests whose I/O may still touch this buffer."""
         return self._inflight
 
     # -- CUDA ---------------------------------------------------------------------------------

@@ -172,6 +172,13 @@ class IOEngine:
             )
         return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)  # type: ignore[arg-type]
 
+    def _submit(self, request: IORequest) -> None:
+        try:
+            self._backend.submit(request)
+        except BaseException as error:
+            request.abandon(error)  # releases the buffer's in-flight count
+            raise
+
     # -- async API ---------------------------------------------------------------------------
     async def pread(
         self,
@@ -221,7 +228,7 @@ class IOEngine:
     ) -> int:
         event, wake = async_waker()
         request = self._request(kind, target, buf, size, offset, buf_offset, wake)
-        self._backend.submit(request)
+        self._submit(request)
         try:
             await event.wait()
         except BaseException:
@@ -277,7 +284,7 @@ class IOEngine:
     ) -> int:
         event, wake = blocking_waker()
         request = self._request(kind, target, buf, size, offset, buf_offset, wake)
-        self._backend.submit(request)
+        self._submit(request)
         try:
             event.wait()
         except BaseException:

@@ -257,7 +257,7 @@ class Ring:
         assert buffer is not None
         index = self._registered.get(id(buffer)) if not target.passthrough else None
         return target.io_op(
-            request.kind is Kind.WRITE,
+            request.is_write,
             buffer.address + request.buf_offset + rel,
             size,
             offset,
@@ -332,9 +332,7 @@ class Ring:
             request.error = request.error or wrapped
         for request in self._ready:
             if request.inflight == 0:
-                request.error = request.error or wrapped
-                request.finished = True
-                request.notify()
+                request.abandon(wrapped)
 
     def _teardown(self) -> None:
         if self._ring_mem is not None and self._fatal is None:
