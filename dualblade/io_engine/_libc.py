@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import mmap
 import os
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
@@ -20,3 +21,38 @@ def fallocate(fd: int, mode: int, offset: int, length: int) -> None:
     if _libc.fallocate(fd, mode, offset, length) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+
+
+_libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+_libc.mincore.restype = ctypes.c_int
+
+
+def mincore_resident(mapping: mmap.mmap, offset: int, length: int) -> int:
+    """Bytes of ``mapping[offset : offset + length]`` resident in memory, page-granular.
+
+    Raises:
+        OSError: with the errno mincore reported.
+    """
+    page = mmap.PAGESIZE
+    start = offset // page * page
+    end = min(len(mapping), offset + length)
+    if end <= start:
+        return 0
+    pages = -(-(end - start) // page)
+    vector = (ctypes.c_ubyte * pages)()
+    anchor = ctypes.c_char.from_buffer(mapping)
+    try:
+        base = ctypes.addressof(anchor)
+        if _libc.mincore(base + start, end - start, vector) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+    finally:
+        del anchor
+    flags = bytes(vector)
+    resident = (pages - flags.count(0)) * page
+    # Trim the parts of the first and last page that lie outside the asked range.
+    if flags[0] & 1:
+        resident -= offset - start
+    if flags[-1] & 1:
+        resident -= start + pages * page - end
+    return resident

@@ -68,6 +68,23 @@ class DirectFile(Target):
             ) from error
         self.size = max(size, current // self.lba_size * self.lba_size)
 
+    def grow_to(self, size: int) -> None:
+        """Preallocate up to ``size`` bytes (rounded up to 4 KiB); never shrinks.
+
+        Raises:
+            TargetError: the file system has no room.
+        """
+        size = -(-size // self.lba_size) * self.lba_size
+        if size <= self.size:
+            return
+        try:
+            os.posix_fallocate(self.fd, 0, size)
+        except OSError as error:
+            raise TargetError(
+                f"cannot grow {self.name} to {size} bytes: {error.strerror}"
+            ) from error
+        self.size = size
+
     def trim_op(self, offset: int, length: int) -> opcodes.Op:
         return opcodes.Fallocate(
             self.fd, _uapi.FALLOC_FL_PUNCH_HOLE | _uapi.FALLOC_FL_KEEP_SIZE, offset, length

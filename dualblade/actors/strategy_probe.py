@@ -1,0 +1,157 @@
+"""The strategy-probe actor: picks how storage reads and GPU DMAs of copy threads overlap.
+
+Two strategies (DESIGN §2, mechanism 3):
+
+- *Overlap-Intra*: the storage reads of all copy threads run concurrently; GPU DMAs run one
+  after another. Best while the device has bandwidth to spare.
+- *Overlap-Cross*: one storage read at a time, so the next thread's read overlaps the previous
+  thread's GPU DMA instead of competing with the other reads for the device.
+
+Both are one :class:`OverlapGate` with a different number of storage slots. In ``auto`` mode the
+probe skips decode iteration 1 (cold caches), runs iteration 2 with Intra and iteration 3 with
+Cross, compares their throughput and locks the faster one; a budget change restarts the probe
+at the next iteration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+import structlog
+
+from dualblade.actors._base import Actor, Reply
+from dualblade.telemetry import NULL_TRACER, Tracer
+
+StrategyName = Literal["intra", "cross"]
+ProbeMode = Literal["auto", "intra", "cross"]
+
+_log = structlog.get_logger(__name__)
+
+
+class OverlapGate:
+    """Storage slots shared by the copy threads: all of them (Intra) or one (Cross)."""
+
+    def __init__(self, copy_threads: int, strategy: StrategyName = "intra") -> None:
+        self.copy_threads = copy_threads
+        self._limiter = anyio.CapacityLimiter(copy_threads)
+        self.strategy: StrategyName = strategy
+        self.set(strategy)
+
+    def set(self, strategy: StrategyName) -> None:
+        """Switch strategy; reads in progress finish under the old one."""
+        self.strategy = strategy
+        self._limiter.total_tokens = self.copy_threads if strategy == "intra" else 1
+
+    @property
+    def limiter(self) -> anyio.CapacityLimiter:
+        """Hold one token around a storage transfer."""
+        return self._limiter
+
+
+@dataclass(frozen=True)
+class IterationStart:
+    """A decode iteration begins; the reply says which strategy it runs with."""
+
+    step: int
+    reply: Reply[StrategyName]
+
+
+@dataclass(frozen=True)
+class IterationEnd:
+    """A decode iteration ended, having moved ``nbytes`` in ``seconds``."""
+
+    step: int
+    nbytes: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class BudgetChanged:
+    """The page-cache budget changed: probe again."""
+
+    page_cache_bytes: int
+
+
+@dataclass(frozen=True)
+class GetStrategy:
+    """Ask for the probe's state."""
+
+    reply: Reply[ProbeState]
+
+
+@dataclass(frozen=True)
+class ProbeState:
+    """What the probe decided so far."""
+
+    strategy: StrategyName
+    locked: bool
+    throughput: dict[str, float]
+
+
+ProbeMessage = IterationStart | IterationEnd | BudgetChanged | GetStrategy
+
+
+class StrategyProbeActor(Actor[ProbeMessage]):
+    """Runs the probe and owns the overlap gate's setting.
+
+    Args:
+        gate: the gate the copy threads acquire around storage transfers.
+        mode: ``auto`` probes; ``intra``/``cross`` fix the strategy.
+    """
+
+    def __init__(
+        self, gate: OverlapGate, mode: ProbeMode = "auto", *, tracer: Tracer = NULL_TRACER
+    ):
+        super().__init__("strategy-probe", tracer=tracer)
+        self.gate = gate
+        self.mode: ProbeMode = mode
+        self.locked = mode != "auto"
+        if mode != "auto":
+            gate.set(mode)
+        self._probe_start = 1  # the decode step that is "iteration 1" of the probe
+        self._restart_at_next = False
+        self._throughput: dict[str, float] = {}
+        self._phase_of_step: dict[int, str] = {}
+
+    def _phase(self, step: int) -> str:
+        position = step - self._probe_start + 1
+        return {1: "warmup", 2: "intra", 3: "cross"}.get(position, "locked")
+
+    async def handle(self, message: ProbeMessage) -> None:
+        if isinstance(message, IterationStart):
+            if self._restart_at_next:
+                self._probe_start = message.step
+                self._restart_at_next = False
+            phase = "locked" if self.locked else self._phase(message.step)
+            if phase in ("intra", "cross"):
+                self.gate.set(phase)  # type: ignore[arg-type]
+            self._phase_of_step[message.step] = phase
+            self.tracer.instant(
+                self.name, f"iteration {message.step}", phase=phase, strategy=self.gate.strategy
+            )
+            message.reply.set(self.gate.strategy)
+        elif isinstance(message, IterationEnd):
+            phase = self._phase_of_step.pop(message.step, "locked")
+            if phase in ("intra", "cross") and message.seconds > 0:
+                self._throughput[phase] = message.nbytes / message.seconds
+                self.tracer.counter("probe throughput", **{phase: self._throughput[phase]})
+            if phase == "cross" and not self.locked:
+                self._lock()
+        elif isinstance(message, BudgetChanged):
+            if self.mode == "auto":
+                self.locked = False
+                self._throughput.clear()
+                self._restart_at_next = True
+        elif isinstance(message, GetStrategy):
+            message.reply.set(ProbeState(self.gate.strategy, self.locked, dict(self._throughput)))
+
+    def _lock(self) -> None:
+        intra = self._throughput.get("intra", 0.0)
+        cross = self._throughput.get("cross", 0.0)
+        winner: StrategyName = "cross" if cross > intra else "intra"
+        self.gate.set(winner)
+        self.locked = True
+        self.tracer.instant(self.name, "locked", strategy=winner, intra=intra, cross=cross)
+        _log.info("strategy locked", strategy=winner, intra_bps=intra, cross_bps=cross)

@@ -1,0 +1,216 @@
+"""The runtime: opens the targets and the I/O engine, starts the five actors, tears them down.
+
+It is the one place that knows both sides: it turns the config into targets and actor arguments,
+turns the budgeter's budgets into plans (Algorithm 1), and owns the pool that hands copy threads
+out to KV transfers. Everything runs in one task group, opened by :func:`start_runtime`; an actor
+that dies cancels the others and the error reaches the owner.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import structlog
+import torch
+
+from dualblade.actors import (
+    Actor,
+    BinderActor,
+    Budget,
+    BudgeterActor,
+    CopyThreadActor,
+    GpuDmaActor,
+    OverlapGate,
+    StrategyProbeActor,
+)
+from dualblade.actors.strategy_probe import BudgetChanged
+from dualblade.io_engine import (
+    AlignedBuffer,
+    BlockDevice,
+    DirectFile,
+    IOEngine,
+    NvmeNamespace,
+    Target,
+)
+from dualblade.pipeline.budget import PageCacheBudget
+from dualblade.pipeline.config import PipelineConfig
+from dualblade.pipeline.planner import Plan, budget_for, make_plan, pin_bytes
+from dualblade.pipeline.spans import PathCounters
+from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
+
+_log = structlog.get_logger(__name__)
+
+
+def open_direct_target(config: PipelineConfig) -> tuple[Target, int, int | None]:
+    """The configured direct target, its first LBA and its extent in blocks (None: grows)."""
+    spec = config.storage.direct
+    if spec.kind == "file":
+        target: Target = DirectFile(spec.path, spec.extent_size or 0)
+        blocks = spec.extent_blocks()
+        return target, spec.first_lba, blocks
+    if spec.kind == "block":
+        target = BlockDevice(str(spec.path))
+    else:
+        target = NvmeNamespace(str(spec.path))
+    if target.lba_size != spec.lba_size:
+        lba = target.lba_size
+        target.close()
+        from dualblade.errors import ConfigError
+
+        raise ConfigError(
+            f"storage.direct.lba_size is {spec.lba_size} but {spec.path} has {lba}-byte "
+            f"blocks; set lba_size = {lba}"
+        )
+    return target, spec.first_lba, spec.extent_blocks()
+
+
+class CopyThreadPool:
+    """Hands idle copy threads to transfers; a transfer waits while all are busy."""
+
+    def __init__(self, threads: list[CopyThreadActor]) -> None:
+        self.threads = threads
+        self._send, self._receive = anyio.create_memory_object_stream[CopyThreadActor](len(threads))
+        for thread in threads:
+            self._send.send_nowait(thread)
+
+    @contextlib.asynccontextmanager
+    async def lease(self) -> AsyncIterator[CopyThreadActor]:
+        thread = await self._receive.receive()
+        try:
+            yield thread
+        finally:
+            self._send.send_nowait(thread)
+
+
+@dataclass
+class Runtime:
+    """Everything a running store holds."""
+
+    config: PipelineConfig
+    device: torch.device
+    engine: IOEngine
+    direct: Target
+    budgeter: BudgeterActor
+    binder: BinderActor
+    dma: GpuDmaActor
+    probe: StrategyProbeActor
+    gate: OverlapGate
+    pool: CopyThreadPool
+    buffers: list[AlignedBuffer]
+    tracer: Tracer
+    metrics: Metrics
+    counters: PathCounters
+    plan: Plan
+
+    def replan(self, budget: Budget) -> Plan:
+        """The plan for new contexts under ``budget`` (Algorithm 1 again)."""
+        assert isinstance(budget.detail, PageCacheBudget)
+        self.plan = make_plan(self.config, budget.detail)
+        return self.plan
+
+
+def _budget_reader(config: PipelineConfig, memory_limit: int | None) -> Budget:
+    derived = budget_for(config, memory_limit)
+    return Budget(
+        page_cache_bytes=derived.page_cache_bytes,
+        limit_bytes=derived.limit_bytes,
+        derivation=derived.to_dict(),
+        detail=derived,
+    )
+
+
+@contextlib.asynccontextmanager
+async def start_runtime(
+    config: PipelineConfig,
+    *,
+    device: torch.device,
+    tracer: Tracer = NULL_TRACER,
+    memory_limit: int | None = None,
+    budget_interval: float = 1.0,
+) -> AsyncIterator[Runtime]:
+    """Open targets and engine, start the actors, yield the runtime, then stop it all.
+
+    Raises:
+        ConfigError, TargetError, IoUringUnavailableError: the config cannot run here; the
+            message says why.
+    """
+    direct, first_lba, n_blocks = open_direct_target(config)
+    buffers: list[AlignedBuffer] = []
+    engine: IOEngine | None = None
+    try:
+        engine = IOEngine(
+            queue_depth=config.queue_depth,
+            passthrough=direct.passthrough,
+            max_chunk=config.max_chunk,
+            name="dualblade-ring",
+        )
+        pin = pin_bytes(config)
+        buffers = [AlignedBuffer(pin) for _ in range(config.copy_threads)]
+        if engine.kind == "io_uring" and not direct.passthrough:
+            engine.register_buffers(buffers)
+        if device.type == "cuda":
+            for buffer in buffers:
+                buffer.pin_for_cuda()
+        fixed = (
+            memory_limit is not None
+            or config.memory.page_cache_budget is not None
+            or config.memory.limit is not None
+        )
+        budgeter = BudgeterActor(
+            lambda: _budget_reader(config, memory_limit),
+            interval=0 if fixed else budget_interval,
+            tracer=tracer,
+        )
+        page_cache_dir = Path(config.storage.page_cache_dir) / f"store-{id(buffers):x}"
+        binder = BinderActor(engine, direct, first_lba, n_blocks, page_cache_dir, tracer=tracer)
+        dma = GpuDmaActor(device, tracer=tracer)
+        gate = OverlapGate(config.copy_threads)
+        probe = StrategyProbeActor(gate, config.strategy, tracer=tracer)
+        threads = [
+            CopyThreadActor(i, buffer, dma, gate, tracer=tracer) for i, buffer in enumerate(buffers)
+        ]
+        actors: list[Actor[Any]] = [budgeter, binder, dma, probe, *threads]
+        async with anyio.create_task_group() as tg:
+            for actor in actors:
+                await tg.start(actor.run)
+            assert budgeter.current is not None
+            runtime = Runtime(
+                config=config,
+                device=device,
+                engine=engine,
+                direct=direct,
+                budgeter=budgeter,
+                binder=binder,
+                dma=dma,
+                probe=probe,
+                gate=gate,
+                pool=CopyThreadPool(threads),
+                buffers=buffers,
+                tracer=tracer,
+                metrics=Metrics(),
+                counters=PathCounters(),
+                plan=make_plan(config, budgeter.current.detail),  # type: ignore[arg-type]
+            )
+
+            async def on_budget(budget: Budget) -> None:
+                runtime.replan(budget)
+                await probe.send(BudgetChanged(budget.page_cache_bytes))
+
+            budgeter.subscribe(on_budget)
+            try:
+                yield runtime
+            finally:
+                # Copy threads and the DMA actor first, the binder last: it trims on stop.
+                for actor in reversed(actors):
+                    actor.close()
+    finally:
+        if engine is not None:
+            engine.close()
+        for buffer in buffers:
+            buffer.close()
+        direct.close()

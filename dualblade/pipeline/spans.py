@@ -1,0 +1,161 @@
+"""The storage side of one copy-thread transfer, one class per path a KPU can take.
+
+- :class:`DirectSpan` — Group 2: the KPU's extent on the direct target, through the ring
+  (O_DIRECT file, raw block device or NVMe passthrough). Storage DMA goes straight into the copy
+  thread's pinned buffer.
+- :class:`PageCacheSpan` — Group 1: the KPU's own file, buffered I/O through the ring, so the
+  bytes pass through the page cache. With ``evict`` (the ``cache-policy`` configuration) the
+  range is written back and dropped after use, so layers beyond the budget cannot push the
+  budgeted ones out.
+- :class:`MmapSpan` — the FlexLLMGen-style baseline: the same file through a shared memory map
+  (numpy ``memmap`` semantics), a CPU copy between the mapping and the pinned buffer.
+
+Every span counts its page-cache hits (bytes resident just before a read, by ``mincore``) into a
+shared :class:`PathCounters`.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import anyio
+
+from dualblade.io_engine import AlignedBuffer, IOEngine, PageCacheFile, Target
+
+
+@dataclass
+class PathCounters:
+    """Bytes moved per path and page-cache hits, shared by all spans of a store."""
+
+    read_bytes: dict[str, int] = field(default_factory=lambda: {})
+    write_bytes: dict[str, int] = field(default_factory=lambda: {})
+    cache_lookup_bytes: int = 0
+    cache_hit_bytes: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, path: str, *, read: int = 0, written: int = 0) -> None:
+        with self._lock:
+            if read:
+                self.read_bytes[path] = self.read_bytes.get(path, 0) + read
+            if written:
+                self.write_bytes[path] = self.write_bytes.get(path, 0) + written
+
+    def add_lookup(self, looked_up: int, hit: int) -> None:
+        with self._lock:
+            self.cache_lookup_bytes += looked_up
+            self.cache_hit_bytes += hit
+
+    @property
+    def hit_rate(self) -> float | None:
+        """Share of page-cache-path read bytes that were resident (None before any read)."""
+        if not self.cache_lookup_bytes:
+            return None
+        return self.cache_hit_bytes / self.cache_lookup_bytes
+
+    def snapshot(self) -> dict[str, object]:
+        with self._lock:
+            return {
+                "read_bytes": dict(self.read_bytes),
+                "write_bytes": dict(self.write_bytes),
+                "cache_lookup_bytes": self.cache_lookup_bytes,
+                "cache_hit_bytes": self.cache_hit_bytes,
+            }
+
+
+@dataclass
+class DirectSpan:
+    """A byte range of the direct target, moved by the ring into/out of the pinned buffer."""
+
+    engine: IOEngine
+    target: Target
+    file_offset: int
+    nbytes: int
+    buffer_offset: int
+    label: str
+    counters: PathCounters
+    path: str = "direct"
+
+    async def read_into(self, buffer: AlignedBuffer) -> None:
+        await self.engine.pread(
+            self.target, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+        )
+        self.counters.add(self.path, read=self.nbytes)
+
+    async def write_from(self, buffer: AlignedBuffer) -> None:
+        await self.engine.pwrite(
+            self.target, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+        )
+        self.counters.add(self.path, written=self.nbytes)
+
+
+@dataclass
+class PageCacheSpan:
+    """A byte range of a KPU's page-cache file, buffered I/O through the ring."""
+
+    engine: IOEngine
+    file: PageCacheFile
+    file_offset: int
+    nbytes: int
+    buffer_offset: int
+    label: str
+    counters: PathCounters
+    evict: bool = False
+    path: str = "page-cache"
+
+    async def read_into(self, buffer: AlignedBuffer) -> None:
+        hit = self.file.resident_bytes(self.file_offset, self.nbytes)
+        self.counters.add_lookup(self.nbytes, hit)
+        await self.engine.pread(
+            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+        )
+        self.counters.add(self.path, read=self.nbytes)
+        if self.evict:
+            self.file.advise_dontneed(self.file_offset, self.nbytes)
+
+    async def write_from(self, buffer: AlignedBuffer) -> None:
+        await self.engine.pwrite(
+            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+        )
+        self.counters.add(self.path, written=self.nbytes)
+        if self.evict:
+            # Dirty pages cannot be dropped: write them back first (the policy's known cost).
+            await anyio.to_thread.run_sync(self.file.flush)
+            self.file.advise_dontneed(self.file_offset, self.nbytes)
+
+
+@dataclass
+class MmapSpan:
+    """A byte range of a KPU's file through a shared mapping, copied by the CPU (baseline)."""
+
+    file: PageCacheFile
+    file_offset: int
+    nbytes: int
+    buffer_offset: int
+    label: str
+    counters: PathCounters
+    path: str = "baseline"
+
+    def _copy(self, to_buffer: bool, buffer: AlignedBuffer) -> None:
+        mapping = memoryview(self.file.mmap())
+        window = buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes]
+        span = mapping[self.file_offset : self.file_offset + self.nbytes]
+        try:
+            if to_buffer:
+                window[:] = span
+            else:
+                span[:] = window
+        finally:
+            span.release()
+            window.release()
+            mapping.release()
+
+    async def read_into(self, buffer: AlignedBuffer) -> None:
+        hit = self.file.resident_bytes(self.file_offset, self.nbytes)
+        self.counters.add_lookup(self.nbytes, hit)
+        await anyio.to_thread.run_sync(self._copy, True, buffer)
+        self.counters.add(self.path, read=self.nbytes)
+
+    async def write_from(self, buffer: AlignedBuffer) -> None:
+        await anyio.to_thread.run_sync(self._copy, False, buffer)
+        self.counters.add(self.path, written=self.nbytes)
