@@ -19,6 +19,7 @@ from dualblade.errors import DualbladeError
 #: Modules under dualblade.commands; each has ``register(subparsers)`` that adds one sub-command
 #: whose parser sets ``func(args) -> int``. Imported lazily so ``dualblade --help`` stays fast.
 COMMAND_MODULES: tuple[str, ...] = (
+    "run",
     "doctor",
     "iobench",
     "config",
@@ -70,6 +71,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader of our stdout went away (``| head``): not an error worth a traceback.
+        import os
+
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
     return status
 
 

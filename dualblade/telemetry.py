@@ -179,14 +179,14 @@ class Metrics:
         self._help: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def inc(self, name: str, value: float = 1.0, help: str = "") -> None:  # noqa: A002
+    def inc(self, name: str, value: float = 1.0, help: str = "") -> None:
         """Add to a counter."""
         with self._lock:
             self._counters[name] = self._counters.get(name, 0.0) + value
             if help:
                 self._help.setdefault(name, help)
 
-    def set(self, name: str, value: float, help: str = "") -> None:  # noqa: A002
+    def set(self, name: str, value: float, help: str = "") -> None:
         """Set a gauge."""
         with self._lock:
             self._gauges[name] = value

@@ -103,7 +103,7 @@ class StrategyProbeActor(Actor[ProbeMessage]):
 
     def __init__(
         self, gate: OverlapGate, mode: ProbeMode = "auto", *, tracer: Tracer = NULL_TRACER
-    ):
+    ) -> None:
         super().__init__("strategy-probe", tracer=tracer)
         self.gate = gate
         self.mode: ProbeMode = mode

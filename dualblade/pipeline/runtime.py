@@ -53,10 +53,7 @@ def open_direct_target(config: PipelineConfig) -> tuple[Target, int, int | None]
         target: Target = DirectFile(spec.path, spec.extent_size or 0)
         blocks = spec.extent_blocks()
         return target, spec.first_lba, blocks
-    if spec.kind == "block":
-        target = BlockDevice(str(spec.path))
-    else:
-        target = NvmeNamespace(str(spec.path))
+    target = BlockDevice(str(spec.path)) if spec.kind == "block" else NvmeNamespace(str(spec.path))
     if target.lba_size != spec.lba_size:
         lba = target.lba_size
         target.close()
@@ -198,8 +195,11 @@ async def start_runtime(
             )
 
             async def on_budget(budget: Budget) -> None:
-                runtime.replan(budget)
-                await probe.send(BudgetChanged(budget.page_cache_bytes))
+                before = runtime.plan.placement
+                after = runtime.replan(budget).placement
+                # Only a change of placement changes the traffic the probe measured.
+                if (before.page_cache, before.direct) != (after.page_cache, after.direct):
+                    await probe.send(BudgetChanged(budget.page_cache_bytes))
 
             budgeter.subscribe(on_budget)
             try:

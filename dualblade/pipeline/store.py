@@ -127,7 +127,10 @@ class KVContext:
         elif len(shape) == 2 and rows == 1:
             tensor = tensor.reshape(1, *shape)
         shape = tuple(tensor.shape)
-        expected = f"[rows, {self.batch}, {self.width}] (or [rows, {self.batch}, {self.kv_heads}, {self.head_dim}])"
+        expected = (
+            f"[rows, {self.batch}, {self.width}] "
+            f"(or [rows, {self.batch}, {self.kv_heads}, {self.head_dim}])"
+        )
         if len(shape) != 3 or shape[1] != self.batch or shape[2] != self.width:
             raise KVShapeError(f"{name} has shape {list(shape)}; expected {expected}")
         if rows is not None and shape[0] != rows:

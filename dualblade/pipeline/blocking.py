@@ -1,0 +1,73 @@
+"""The blocking facade: the KV store for synchronous callers.
+
+A :class:`BlockingStore` runs the asynchronous store on an event loop in a background thread
+(anyio's blocking portal) and forwards each call to it, so a synchronous program gets the same
+pipeline, the same actors and the same guarantees::
+
+    with open_store_blocking(config) as store:
+        with store.context() as ctx:
+            ctx.write(0, k, v)
+            k, v = ctx.read(0)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from dualblade.pipeline.config import PipelineConfig
+from dualblade.pipeline.store import KVContext, KVStore, open_store
+
+
+class BlockingContext:
+    """A :class:`~dualblade.pipeline.store.KVContext` with blocking methods."""
+
+    def __init__(self, portal: BlockingPortal, context: KVContext) -> None:
+        self._portal = portal
+        self.context = context
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self._portal.call(self.context.write, layer, k, v)
+
+    def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
+        return self._portal.call(self.context.append, layer, k_row, v_row)
+
+    def read(
+        self, layer: int, rows: tuple[int, int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._portal.call(self.context.read, layer, rows)
+
+    def length(self, layer: int) -> int:
+        return self.context.length(layer)
+
+
+class BlockingStore:
+    """A :class:`~dualblade.pipeline.store.KVStore` with blocking methods."""
+
+    def __init__(self, portal: BlockingPortal, store: KVStore) -> None:
+        self._portal = portal
+        self.store = store
+
+    @contextlib.contextmanager
+    def context(self) -> Iterator[BlockingContext]:
+        with self._portal.wrap_async_context_manager(self.store.context()) as context:
+            yield BlockingContext(self._portal, context)
+
+    def metrics(self) -> dict[str, Any]:
+        return self.store.metrics()
+
+
+@contextlib.contextmanager
+def open_store_blocking(
+    config: PipelineConfig, *, backend: str = "asyncio", **options: Any
+) -> Iterator[BlockingStore]:
+    """Start a store on a background event loop; arguments as :func:`open_store`."""
+    with (
+        start_blocking_portal(backend) as portal,
+        portal.wrap_async_context_manager(open_store(config, **options)) as store,
+    ):
+        yield BlockingStore(portal, store)
