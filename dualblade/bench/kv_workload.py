@@ -59,9 +59,8 @@ async def run_kv_workload(
     batch, prompt = config.workload.batch, config.workload.prompt_len
     steps = config.workload.max_new_tokens if decode_steps is None else decode_steps
     if steps > config.workload.max_new_tokens:
-        raise DualbladeError(
-            f"{steps} decode steps exceed workload.max_new_tokens ({config.workload.max_new_tokens})"
-        )
+        limit = config.workload.max_new_tokens
+        raise DualbladeError(f"{steps} decode steps exceed workload.max_new_tokens ({limit})")
     generator = torch.Generator().manual_seed(seed)
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[
         shape.dtype

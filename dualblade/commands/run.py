@@ -9,7 +9,9 @@ the locked overlap strategy.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,10 +42,6 @@ def load_run_config(path: str | None, policy: str | None) -> Any:
 
     if path is None:
         text = resources.files("dualblade.pipeline").joinpath("default.toml").read_text()
-        import tomllib
-
-        import os
-
         config = config_from_mapping(
             tomllib.loads(text), source="embedded default", env=dict(os.environ)
         )

@@ -15,6 +15,7 @@ IORING_SETUP_SQE128: Final = 1 << 10
 IORING_SETUP_CQE32: Final = 1 << 11
 IORING_SETUP_SINGLE_ISSUER: Final = 1 << 12
 IORING_SETUP_COOP_TASKRUN: Final = 1 << 8
+IORING_SETUP_DEFER_TASKRUN: Final = 1 << 13
 
 # --- opcodes (enum io_uring_op) ----------------------------------------------------------------
 IORING_OP_NOP: Final = 0
