@@ -18,13 +18,22 @@ import time
 from dataclasses import dataclass
 from typing import Protocol
 
+import anyio
 import torch
+from anyio.abc import TaskGroup, TaskStatus
 
-from dualblade.actors._base import Actor, Reply
+from dualblade.actors._base import Actor, ActorStoppedError, Reply
+from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
 from dualblade.actors.strategy_probe import OverlapGate
+from dualblade.errors import DualbladeError
 from dualblade.io_engine import AlignedBuffer
 from dualblade.telemetry import NULL_TRACER, Tracer
+
+#: A transfer is cut into row-aligned pieces of about this many bytes, so that within one pinned
+#: buffer the DMA of a piece overlaps the storage transfer of the next (and a KPU's storage read
+#: is still submitted whole, keeping the queue deep).
+PIECE_BYTES = 1 << 20
 
 
 class StorageSpan(Protocol):
@@ -40,6 +49,9 @@ class StorageSpan(Protocol):
 
     async def write_from(self, buffer: AlignedBuffer) -> None:
         """Write the buffer's span to storage."""
+
+    def piece(self, buffer_offset: int, nbytes: int) -> StorageSpan:
+        """The sub-span of ``nbytes`` starting at ``buffer_offset`` (inside this span)."""
 
 
 @dataclass(frozen=True)
@@ -122,55 +134,162 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.gate = gate
         self.bytes_loaded = 0
         self.bytes_stored = 0
+        self._ranges = RangeLocks()
+        # Two transfers at a time: the tail of one overlaps the head of the next.
+        self._slots = anyio.Semaphore(2)
+        self._task_group: TaskGroup | None = None
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        async with anyio.create_task_group() as tg:
+            self._task_group = tg
+            await super().run(task_status=task_status)
 
     def _check(self, span: StorageSpan, view: RowView) -> None:
-        end = max(span.buffer_offset + span.nbytes, view.offset + view.rows * view.row_stride)
+        assert span.buffer_offset == view.offset, "span and view must start at the same row"
+        assert span.nbytes == view.rows * view.row_stride, "span and view must cover the same rows"
+        end = view.offset + view.rows * view.row_stride
         assert end <= self.buffer.size, f"{span.label} overruns copy thread {self.index}'s buffer"
 
+    @staticmethod
+    def _pieces(span: StorageSpan, view: RowView) -> list[tuple[StorageSpan, RowView, slice]]:
+        """Row-aligned pieces of about :data:`PIECE_BYTES`, in order."""
+        rows_per_piece = max(1, PIECE_BYTES // view.row_stride)
+        out: list[tuple[StorageSpan, RowView, slice]] = []
+        for first in range(0, view.rows, rows_per_piece):
+            last = min(view.rows, first + rows_per_piece)
+            offset = view.offset + first * view.row_stride
+            nbytes = (last - first) * view.row_stride
+            sub_view = RowView(
+                offset,
+                last - first,
+                view.row_bytes,
+                view.row_stride,
+                view.dtype,
+                (last - first, *view.shape[1:]),
+            )
+            out.append((span.piece(offset, nbytes), sub_view, slice(first, last)))
+        return out
+
     async def handle(self, message: CopyMessage) -> None:
+        """Start the transfer and return: the next message may begin while this one ends."""
         self._check(message.span, message.view)
-        pinned = message.view.tensor(self.buffer)
-        if isinstance(message, Load):
-            start = time.perf_counter()
-            async with self.gate.limiter:
-                with self.tracer.span(
-                    self.name,
-                    f"read {message.span.label}",
-                    bytes=message.span.nbytes,
-                    path=message.span.path,
-                ):
-                    await message.span.read_into(self.buffer)
-            mid = time.perf_counter()
-            await self._dma(pinned, message.destination, "h2d", message.span.label)
-            end = time.perf_counter()
-            self.bytes_loaded += message.span.nbytes
-        else:
-            start = time.perf_counter()
-            await self._dma(message.source, pinned, "d2h", message.span.label)
-            mid = time.perf_counter()
-            async with self.gate.limiter:
-                with self.tracer.span(
-                    self.name,
-                    f"write {message.span.label}",
-                    bytes=message.span.nbytes,
-                    path=message.span.path,
-                ):
-                    await message.span.write_from(self.buffer)
-            end = time.perf_counter()
-            self.bytes_stored += message.span.nbytes
-        storage_s, dma_s = (
-            (mid - start, end - mid) if isinstance(message, Load) else (end - mid, mid - start)
-        )
+        await self._slots.acquire()
+        assert self._task_group is not None
+        self._task_group.start_soon(self._transfer, message)
+
+    async def _transfer(self, message: CopyMessage) -> None:
+        try:
+            await self._run_transfer(message)
+        except DualbladeError as error:  # a failed I/O belongs to the context that asked
+            message.reply.fail(error)
+        except BaseException as error:
+            if not isinstance(error, anyio.get_cancelled_exc_class()):
+                message.reply.fail(ActorStoppedError(f"{self.name} failed: {error!r}"))
+            raise
+        finally:
+            self._slots.release()
+
+    async def _run_transfer(self, message: CopyMessage) -> None:
+        span = message.span
+        start = time.perf_counter()
+        with self.tracer.span(
+            self.name,
+            f"{'load' if isinstance(message, Load) else 'store'} {span.label}",
+            bytes=span.nbytes,
+            path=span.path,
+        ):
+            if isinstance(message, Load):
+                storage_done = await self._load(message)
+                self.bytes_loaded += span.nbytes
+            else:
+                storage_done = await self._store(message)
+                self.bytes_stored += span.nbytes
+        end = time.perf_counter()
         message.reply.set(
             TransferStats(
-                nbytes=message.span.nbytes,
-                storage_s=storage_s,
-                dma_s=dma_s,
-                path=message.span.path,
-                io_buffer_address=self.buffer.address + message.span.buffer_offset,
-                dma_host_address=pinned.data_ptr(),
+                nbytes=span.nbytes,
+                storage_s=storage_done - start,
+                dma_s=end - storage_done,
+                path=span.path,
+                io_buffer_address=self.buffer.address + span.buffer_offset,
+                dma_host_address=message.view.tensor(self.buffer).data_ptr(),
             )
         )
+
+    async def _load(self, message: Load) -> float:
+        """Storage -> pinned -> device, piece by piece: a piece's DMA overlaps later reads.
+
+        The storage slot of the overlap gate is held until the last piece has been read, so
+        Overlap-Cross still lets only one thread read at a time while DMAs trail behind.
+        Returns when the last read finished.
+        """
+        pieces = self._pieces(message.span, message.view)
+        token = object()
+        limiter = self.gate.limiter
+        await limiter.acquire_on_behalf_of(token)
+        reads_left = len(pieces)
+        storage_done = time.perf_counter()
+
+        def read_finished() -> None:
+            nonlocal reads_left, storage_done
+            reads_left -= 1
+            if reads_left == 0:
+                limiter.release_on_behalf_of(token)
+                storage_done = time.perf_counter()
+
+        async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice) -> None:
+            region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
+            try:
+                await self._ranges.acquire(*region)
+            except BaseException:
+                read_finished()
+                raise
+            try:
+                try:
+                    with self.tracer.span(
+                        self.name, f"read {sub_span.label}", bytes=sub_span.nbytes
+                    ):
+                        await sub_span.read_into(self.buffer)
+                finally:
+                    read_finished()
+                await self._dma(
+                    sub_view.tensor(self.buffer), message.destination[rows], "h2d", sub_span.label
+                )
+            finally:
+                self._ranges.release(*region)
+
+        try:
+            async with anyio.create_task_group() as tg:
+                for sub_span, sub_view, rows in pieces:
+                    tg.start_soon(piece, sub_span, sub_view, rows)
+        finally:
+            if reads_left > 0:  # a piece never started: do not leak the storage slot
+                limiter.release_on_behalf_of(token)
+        return storage_done
+
+    async def _store(self, message: Store) -> float:
+        """Device -> pinned -> storage, piece by piece: a piece's write overlaps later DMAs."""
+        pieces = self._pieces(message.span, message.view)
+        async with self.gate.limiter, anyio.create_task_group() as tg:
+            for sub_span, sub_view, rows in pieces:
+                region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
+                await self._ranges.acquire(*region)
+                try:
+                    await self._dma(
+                        message.source[rows], sub_view.tensor(self.buffer), "d2h", sub_span.label
+                    )
+                except BaseException:
+                    self._ranges.release(*region)
+                    raise
+                tg.start_soon(self._write_piece, sub_span, region)
+        return time.perf_counter()
+
+    async def _write_piece(self, sub_span: StorageSpan, region: tuple[int, int]) -> None:
+        try:
+            with self.tracer.span(self.name, f"write {sub_span.label}", bytes=sub_span.nbytes):
+                await sub_span.write_from(self.buffer)
+        finally:
+            self._ranges.release(*region)
 
     async def _dma(
         self, source: torch.Tensor, destination: torch.Tensor, direction: str, label: str

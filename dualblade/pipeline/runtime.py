@@ -67,21 +67,34 @@ def open_direct_target(config: PipelineConfig) -> tuple[Target, int, int | None]
 
 
 class CopyThreadPool:
-    """Hands idle copy threads to transfers; a transfer waits while all are busy."""
+    """Hands copy threads to transfers: the least busy one, at most two transfers each.
+
+    A copy thread overlaps the tail of one transfer with the head of the next inside its one
+    buffer (see :mod:`dualblade.actors.copy_thread`), so each may hold two; a transfer waits
+    while every thread holds two.
+    """
+
+    PER_THREAD = 2
 
     def __init__(self, threads: list[CopyThreadActor]) -> None:
         self.threads = threads
-        self._send, self._receive = anyio.create_memory_object_stream[CopyThreadActor](len(threads))
-        for thread in threads:
-            self._send.send_nowait(thread)
+        self._busy = [0] * len(threads)
+        self._changed = anyio.Event()
 
     @contextlib.asynccontextmanager
     async def lease(self) -> AsyncIterator[CopyThreadActor]:
-        thread = await self._receive.receive()
+        while True:
+            index = min(range(len(self.threads)), key=self._busy.__getitem__)
+            if self._busy[index] < self.PER_THREAD:
+                break
+            await self._changed.wait()
+        self._busy[index] += 1
         try:
-            yield thread
+            yield self.threads[index]
         finally:
-            self._send.send_nowait(thread)
+            self._busy[index] -= 1
+            self._changed.set()
+            self._changed = anyio.Event()
 
 
 @dataclass

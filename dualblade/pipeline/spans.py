@@ -17,7 +17,8 @@ shared :class:`PathCounters`.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import anyio
 
@@ -63,6 +64,19 @@ class PathCounters:
             }
 
 
+_S = TypeVar("_S", "DirectSpan", "PageCacheSpan", "MmapSpan")
+
+
+def _piece(span: _S, buffer_offset: int, nbytes: int) -> _S:
+    """The sub-span of ``span`` at ``buffer_offset``: storage and buffer shift together."""
+    shift = buffer_offset - span.buffer_offset
+    assert shift >= 0, "piece starts before the span"
+    assert shift + nbytes <= span.nbytes, "piece ends after the span"
+    return replace(
+        span, file_offset=span.file_offset + shift, nbytes=nbytes, buffer_offset=buffer_offset
+    )
+
+
 @dataclass
 class DirectSpan:
     """A byte range of the direct target, moved by the ring into/out of the pinned buffer."""
@@ -75,6 +89,10 @@ class DirectSpan:
     label: str
     counters: PathCounters
     path: str = "direct"
+
+    def piece(self, buffer_offset: int, nbytes: int) -> DirectSpan:
+        """The part of this span at ``buffer_offset`` (same storage offset shift)."""
+        return _piece(self, buffer_offset, nbytes)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         await self.engine.pread(
@@ -102,6 +120,10 @@ class PageCacheSpan:
     counters: PathCounters
     evict: bool = False
     path: str = "page-cache"
+
+    def piece(self, buffer_offset: int, nbytes: int) -> PageCacheSpan:
+        """The part of this span at ``buffer_offset`` (same storage offset shift)."""
+        return _piece(self, buffer_offset, nbytes)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         hit = self.file.resident_bytes(self.file_offset, self.nbytes)
@@ -149,6 +171,10 @@ class MmapSpan:
             span.release()
             window.release()
             mapping.release()
+
+    def piece(self, buffer_offset: int, nbytes: int) -> MmapSpan:
+        """The part of this span at ``buffer_offset`` (same storage offset shift)."""
+        return _piece(self, buffer_offset, nbytes)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         hit = self.file.resident_bytes(self.file_offset, self.nbytes)

@@ -1,0 +1,50 @@
+"""``dualblade pipebench``: actor pipeline vs raw engine throughput on the same direct bytes."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import anyio
+
+from dualblade.commands._output import print_json
+from dualblade.errors import ConfigError
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "pipebench",
+        help="pure-direct decode reads: the actor pipeline vs the raw engine on the same bytes",
+    )
+    parser.add_argument("config", nargs="?", help="pipeline config; default: embedded")
+    parser.add_argument("--runs", type=int, default=5, help="runs per side (default 5)")
+    parser.add_argument("--passes", type=int, default=8, help="reads of the whole cache per run")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from dualblade.bench.pipebench import run_pipebench
+    from dualblade.commands.run import load_run_config
+
+    if args.runs < 1 or args.passes < 1:
+        raise ConfigError("--runs and --passes must be at least 1")
+    config = load_run_config(args.config, None)
+    result = anyio.run(
+        lambda: run_pipebench(
+            config,
+            runs=args.runs,
+            passes=args.passes,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    )
+    document = result.to_json()
+    if args.json:
+        print_json(document)
+    else:
+        print(
+            f"pipeline {document['pipeline_median_bytes_per_s'] / 1e6:.1f} MB/s, raw engine "
+            f"{document['raw_median_bytes_per_s'] / 1e6:.1f} MB/s (medians of {args.runs}); "
+            f"ratio {document['ratio']}"
+        )
+    return 0
