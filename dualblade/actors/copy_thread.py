@@ -133,6 +133,8 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.dma = dma
         self.gate = gate
         self.bytes_loaded = 0
+        self.direct_transfers = 0
+        self.co_dma_transfers = 0
         self.bytes_stored = 0
         self._ranges = RangeLocks()
         # Two transfers at a time: the tail of one overlaps the head of the next.
@@ -205,16 +207,19 @@ class CopyThreadActor(Actor[CopyMessage]):
                 storage_done = await self._store(message)
                 self.bytes_stored += span.nbytes
         end = time.perf_counter()
-        message.reply.set(
-            TransferStats(
-                nbytes=span.nbytes,
-                storage_s=storage_done - start,
-                dma_s=end - storage_done,
-                path=span.path,
-                io_buffer_address=self.buffer.address + span.buffer_offset,
-                dma_host_address=message.view.tensor(self.buffer).data_ptr(),
-            )
+        stats = TransferStats(
+            nbytes=span.nbytes,
+            storage_s=storage_done - start,
+            dma_s=end - storage_done,
+            path=span.path,
+            io_buffer_address=self.buffer.address + span.buffer_offset,
+            dma_host_address=message.view.tensor(self.buffer).data_ptr(),
         )
+        if span.path == "direct":
+            # Co-DMA evidence: storage DMA and the device copy used the same host bytes.
+            self.direct_transfers += 1
+            self.co_dma_transfers += stats.io_buffer_address == stats.dma_host_address
+        message.reply.set(stats)
 
     async def _load(self, message: Load) -> float:
         """Storage -> pinned -> device, piece by piece: a piece's DMA overlaps later reads.

@@ -36,6 +36,8 @@ class WorkloadResult:
     decode_step_s: list[float] = field(default_factory=list)
     strategies: list[str] = field(default_factory=list)
     verified_bytes: int = 0
+    prefill_written_bytes: int = 0
+    decode_read_bytes: int = 0
 
 
 ProgressFn = Callable[[str, int, int], None]
@@ -83,6 +85,8 @@ async def run_kv_workload(
                 expected[layer] = (k, v)
             progress("prefill", layer + 1, layers)
         result.prefill_s = time.perf_counter() - start
+        result.prefill_written_bytes = _moved(store, "write_bytes")
+        read_before = _moved(store, "read_bytes")
 
         for step in range(steps):
             new_rows = [(random_rows(1), random_rows(1)) for _ in range(layers)]
@@ -96,7 +100,14 @@ async def run_kv_workload(
                 result.verified_bytes += _verify(reads, expected, new_rows)
             progress("decode", step + 1, steps)
         result.decode_s = sum(result.decode_step_s)
+        result.decode_read_bytes = _moved(store, "read_bytes") - read_before
     return result
+
+
+def _moved(store: KVStore, key: str) -> int:
+    counts = store.metrics()[key]
+    assert isinstance(counts, dict)
+    return sum(counts.values())
 
 
 async def _decode_step(
@@ -155,5 +166,12 @@ def summarize(store: KVStore, result: WorkloadResult) -> dict[str, Any]:
         "page_cache_hit_rate": metrics["page_cache_hit_rate"],
         "page_cache_budget_bytes": metrics["page_cache_budget_bytes"],
         "verified_bytes": result.verified_bytes,
+        "prefill_write_bytes_per_s": round(result.prefill_written_bytes / result.prefill_s)
+        if result.prefill_s
+        else None,
+        "decode_read_bytes_per_s": round(result.decode_read_bytes / result.decode_s)
+        if result.decode_s
+        else None,
+        "co_dma": metrics["co_dma"],
         "device": str(store.device),
     }

@@ -122,6 +122,11 @@ class AlignedBuffer:
         self._cuda_registered = True
         return True
 
+    @property
+    def cuda_registered(self) -> bool:
+        """Page-locked with ``cudaHostRegister`` (GPU copies from it are true DMA)."""
+        return self._cuda_registered
+
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Unmap the buffer.

@@ -393,6 +393,13 @@ class KVStore:
             "page_cache_budget_bytes": self.runtime.plan.budget.page_cache_bytes,
             "dma_h2d_bytes": dma.bytes_h2d,
             "dma_d2h_bytes": dma.bytes_d2h,
+            "co_dma": {
+                "direct_transfers": sum(t.direct_transfers for t in self.runtime.pool.threads),
+                "same_buffer": sum(t.co_dma_transfers for t in self.runtime.pool.threads),
+                "staged_host_copies": dma.staged_copies,
+                "cpu_fallback_copies": dma.host_copies,
+                "pinned_for_cuda": sum(b.cuda_registered for b in self.runtime.buffers),
+            },
             "open_contexts": self.open_contexts,
             "io_chunks": self.runtime.engine.chunks_submitted,
             "trimmed_blocks": self.runtime.binder.trimmed_blocks,
