@@ -143,6 +143,9 @@ class StrategyProbeActor(Actor[ProbeMessage]):
             if self.mode == "auto":
                 self.locked = False
                 self._throughput.clear()
+                # Iterations in flight measured the old placement: their ends must neither
+                # record a throughput nor lock (a lock here would skip the re-probe).
+                self._phase_of_step.clear()
                 self._restart_at_next = True
         elif isinstance(message, GetStrategy):
             message.reply.set(ProbeState(self.gate.strategy, self.locked, dict(self._throughput)))
