@@ -106,21 +106,22 @@ class BinderActor(Actor[BinderMessage]):
         *,
         tracer: Tracer = NULL_TRACER,
     ) -> None:
-        super().__init__("binder", tracer=tracer)
-        self.engine = engine
-        self.direct = direct
-        self.lba_size = direct.lba_size
+        # Refuse a bad extent before the mailbox exists: a refused binder leaks no stream.
         growable = n_blocks is None
         if not growable:
             assert n_blocks is not None
-            limit = direct.size // self.lba_size
+            limit = direct.size // direct.lba_size
             if first_lba + n_blocks > limit:
                 from dualblade.io_engine import TargetError
 
                 raise TargetError(
                     f"the configured extent [{first_lba}, {first_lba + n_blocks}) runs past the "
-                    f"end of {direct.name} ({limit} blocks of {self.lba_size} bytes)"
+                    f"end of {direct.name} ({limit} blocks of {direct.lba_size} bytes)"
                 )
+        super().__init__("binder", tracer=tracer)
+        self.engine = engine
+        self.direct = direct
+        self.lba_size = direct.lba_size
         self.allocator = ExtentAllocator(first_lba, n_blocks or 0, growable=growable)
         self.page_cache_dir = page_cache_dir
         self._held: dict[int, _ContextHoldings] = {}
