@@ -51,8 +51,8 @@ async def _prefill(ctx: KVContext, store: KVStore) -> None:
     rows = store.config.workload.max_len
     dtype = ctx.dtype
     for layer in range(shape.num_layers):
-        k = torch.randn(rows, ctx.batch, ctx.width).to(dtype)
-        v = torch.randn(rows, ctx.batch, ctx.width).to(dtype)
+        k = torch.randn(rows, ctx.batch, ctx.width).to(dtype).to(store.device)
+        v = torch.randn(rows, ctx.batch, ctx.width).to(dtype).to(store.device)
         await ctx.write(layer, k, v)
 
 
@@ -87,6 +87,7 @@ async def run_pipebench(
     *,
     runs: int,
     passes: int,
+    device: str = "cpu",
     progress: Callable[[str], None] = lambda _line: None,
 ) -> PipeBenchResult:
     """Measure; the config's policy is forced to ``direct``."""
@@ -96,7 +97,7 @@ async def run_pipebench(
     layers = direct_config.shape().num_layers
     pipeline: list[float] = []
     raw: list[float] = []
-    async with open_store(direct_config, device="cpu") as store:
+    async with open_store(direct_config, device=device) as store:
         buffers = [AlignedBuffer(b.size) for b in store.runtime.buffers]
         try:
             async with store.context() as ctx:

@@ -19,6 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("config", nargs="?", help="pipeline config; default: embedded")
     parser.add_argument("--runs", type=int, default=5, help="runs per side (default 5)")
     parser.add_argument("--passes", type=int, default=8, help="reads of the whole cache per run")
+    parser.add_argument("--device", default="cpu", help="where reads land (cpu, cuda)")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
@@ -35,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
             config,
             runs=args.runs,
             passes=args.passes,
+            device=args.device,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
     )
