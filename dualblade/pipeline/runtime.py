@@ -153,6 +153,7 @@ async def start_runtime(
     buffers: list[AlignedBuffer] = []
     engine: IOEngine | None = None
     try:
+        direct.lock_exclusive()
         engine = IOEngine(
             queue_depth=config.queue_depth,
             passthrough=direct.passthrough,

@@ -104,6 +104,25 @@ class Target(ABC):
         """``pwritev`` from ``view``; returns bytes written."""
         return os.pwritev(self.fd, [view], offset)
 
+    def lock_exclusive(self) -> None:
+        """Claim the target for this process (``flock``), so a second store cannot share it.
+
+        Raises:
+            TargetError: another open file description holds the lock (another store).
+        """
+        import errno
+        import fcntl
+
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise TargetError(
+                    f"{self.name} is in use by another dualblade store; give each store its "
+                    "own target (or extent file)"
+                ) from None
+            raise TargetError(f"cannot lock {self.name}: {error.strerror}") from error
+
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
         """Close the file descriptor (idempotent)."""
