@@ -183,54 +183,39 @@ class Iovec(ctypes.Structure):
     _fields_ = (("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t))
 
 
+#: The fields ``struct nvme_uring_cmd`` and ``struct nvme_passthru_cmd`` share: an NVMe
+#: submission entry as the kernel takes it (64 bytes before the last word).
+_NVME_COMMAND_FIELDS: tuple[tuple[str, type], ...] = (
+    ("opcode", ctypes.c_uint8),
+    ("flags", ctypes.c_uint8),
+    ("rsvd1", ctypes.c_uint16),
+    ("nsid", ctypes.c_uint32),
+    ("cdw2", ctypes.c_uint32),
+    ("cdw3", ctypes.c_uint32),
+    ("metadata", ctypes.c_uint64),
+    ("addr", ctypes.c_uint64),
+    ("metadata_len", ctypes.c_uint32),
+    ("data_len", ctypes.c_uint32),
+    ("cdw10", ctypes.c_uint32),
+    ("cdw11", ctypes.c_uint32),
+    ("cdw12", ctypes.c_uint32),
+    ("cdw13", ctypes.c_uint32),
+    ("cdw14", ctypes.c_uint32),
+    ("cdw15", ctypes.c_uint32),
+    ("timeout_ms", ctypes.c_uint32),
+)
+
+
 class NvmeUringCmd(ctypes.Structure):
     """``struct nvme_uring_cmd``, 72 bytes, placed in the command area of a 128-byte SQE."""
 
-    _fields_ = (
-        ("opcode", ctypes.c_uint8),
-        ("flags", ctypes.c_uint8),
-        ("rsvd1", ctypes.c_uint16),
-        ("nsid", ctypes.c_uint32),
-        ("cdw2", ctypes.c_uint32),
-        ("cdw3", ctypes.c_uint32),
-        ("metadata", ctypes.c_uint64),
-        ("addr", ctypes.c_uint64),
-        ("metadata_len", ctypes.c_uint32),
-        ("data_len", ctypes.c_uint32),
-        ("cdw10", ctypes.c_uint32),
-        ("cdw11", ctypes.c_uint32),
-        ("cdw12", ctypes.c_uint32),
-        ("cdw13", ctypes.c_uint32),
-        ("cdw14", ctypes.c_uint32),
-        ("cdw15", ctypes.c_uint32),
-        ("timeout_ms", ctypes.c_uint32),
-        ("rsvd2", ctypes.c_uint32),
-    )
+    _fields_ = (*_NVME_COMMAND_FIELDS, ("rsvd2", ctypes.c_uint32))
 
 
 class NvmePassthruCmd(ctypes.Structure):
     """``struct nvme_passthru_cmd`` (``nvme_admin_cmd``), 72 bytes, for the admin ioctl."""
 
-    _fields_ = (
-        ("opcode", ctypes.c_uint8),
-        ("flags", ctypes.c_uint8),
-        ("rsvd1", ctypes.c_uint16),
-        ("nsid", ctypes.c_uint32),
-        ("cdw2", ctypes.c_uint32),
-        ("cdw3", ctypes.c_uint32),
-        ("metadata", ctypes.c_uint64),
-        ("addr", ctypes.c_uint64),
-        ("metadata_len", ctypes.c_uint32),
-        ("data_len", ctypes.c_uint32),
-        ("cdw10", ctypes.c_uint32),
-        ("cdw11", ctypes.c_uint32),
-        ("cdw12", ctypes.c_uint32),
-        ("cdw13", ctypes.c_uint32),
-        ("cdw14", ctypes.c_uint32),
-        ("cdw15", ctypes.c_uint32),
-        ("timeout_ms", ctypes.c_uint32),
-        ("result", ctypes.c_uint32),
-    )
+    _fields_ = (*_NVME_COMMAND_FIELDS, ("result", ctypes.c_uint32))
 
 
 class NvmeDsmRange(ctypes.Structure):
