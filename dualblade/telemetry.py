@@ -56,6 +56,10 @@ class Tracer:
         """Microseconds since the tracer started (the trace's time base)."""
         return (time.perf_counter() - self._t0) * 1e6
 
+    def us(self, perf_counter_s: float) -> float:
+        """A ``time.perf_counter()`` reading on the trace's time base (microseconds)."""
+        return (perf_counter_s - self._t0) * 1e6
+
     def _append(self, event: dict[str, Any]) -> None:
         with self._lock:
             if len(self._events) >= MAX_EVENTS:

@@ -48,6 +48,11 @@ class ThreadPoolBackend:
             self._ready.append(request)
             self._fill_locked()
 
+    @property
+    def inflight(self) -> int:
+        """Chunks running now."""
+        return self._running
+
     def cancel(self, request: IORequest) -> None:
         with self._lock:
             request.cancel()

@@ -32,7 +32,7 @@ from dualblade.io_engine._threadpool import ThreadPoolBackend
 from dualblade.io_engine._waker import async_waker, blocking_waker
 from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
-from dualblade.io_engine.ring import Ring
+from dualblade.io_engine.ring import ChunkObserver, Ring
 from dualblade.io_engine.targets.base import Target
 
 CompatMode = Literal["on", "off", "auto"]
@@ -48,6 +48,9 @@ class Backend(Protocol):
     queue_depth: int
     chunks_submitted: int
     peak_inflight: int
+
+    @property
+    def inflight(self) -> int: ...
 
     def submit(self, request: IORequest) -> None: ...
     def cancel(self, request: IORequest) -> None: ...
@@ -124,6 +127,20 @@ class IOEngine:
     def chunks_submitted(self) -> int:
         """Chunks handed to the kernel (or workers) since the engine started."""
         return self._backend.chunks_submitted
+
+    @property
+    def inflight(self) -> int:
+        """Chunks in flight now (a sample)."""
+        return self._backend.inflight
+
+    def observe_chunks(self, observer: ChunkObserver) -> None:
+        """Call ``observer`` for each completed chunk (io_uring only; on the ring thread).
+
+        It receives the target's name, the op, the chunk's offset and length, its submit and
+        completion times (``time.perf_counter`` seconds) and the completion's raw result.
+        """
+        if isinstance(self._backend, Ring):
+            self._backend.observer = observer
 
     @property
     def peak_inflight(self) -> int:

@@ -20,6 +20,7 @@ import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from time import perf_counter
 from typing import Any
 
 import structlog
@@ -30,6 +31,8 @@ from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
 
 _log = structlog.get_logger(__name__)
+
+ChunkObserver = Callable[[str, str, int, int, float, float, int], None]
 
 #: user_data tags below this are internal (wake-ups, cancel requests).
 _UD_IGNORE = 0
@@ -75,7 +78,10 @@ class Ring:
         self._eventfd_buf = ctypes.create_string_buffer(8)
         self._inbox: deque[tuple[str, Any]] = deque()
         self._ready: deque[IORequest] = deque()
-        self._inflight: dict[int, tuple[IORequest, int, int, opcodes.Op]] = {}
+        self._inflight: dict[int, tuple[IORequest, int, int, opcodes.Op, float]] = {}
+        #: Called on the ring thread for every completed chunk when set (tracing, latency logs):
+        #: ``observer(target, op, offset, length, submitted_s, completed_s, result)``.
+        self.observer: ChunkObserver | None = None
         self._next_ud = _UD_FIRST
         self._pending_cancels: list[int] = []
         self._registered: dict[int, int] = {}  # id(buffer) -> index
@@ -160,6 +166,11 @@ class Ring:
         done.wait()
         if outcome[0] is not None:
             raise outcome[0]
+
+    @property
+    def inflight(self) -> int:
+        """Chunks in flight now (read from another thread: a sample, not a lock-held count)."""
+        return len(self._inflight)
 
     def buffer_index(self, buffer: AlignedBuffer) -> int | None:
         """The fixed-buffer index of ``buffer`` in this ring, or None if not registered."""
@@ -277,7 +288,7 @@ class Ring:
             ud = self._next_ud
             self._next_ud += 1
             op.build(lib, sqe, ud)
-            inflight[ud] = (request, rel, size, op)
+            inflight[ud] = (request, rel, size, op, perf_counter() if self.observer else 0.0)
             request.chunk_started()
             self.chunks_submitted += 1
         if len(inflight) > self.peak_inflight:
@@ -326,7 +337,17 @@ class Ring:
                 return
 
     def _complete(self, ud: int, res: int, extra: int) -> None:
-        request, rel, size, _op = self._inflight.pop(ud)
+        request, rel, size, _op, submitted = self._inflight.pop(ud)
+        if self.observer is not None:
+            self.observer(
+                request.target.name,
+                request.kind.value,
+                request.offset + rel,
+                size,
+                submitted,
+                perf_counter(),
+                res,
+            )
         if res == -errno.ECANCELED and request.cancelled:
             request.chunk_failed(IOEngineError("cancelled"))  # ignored: the request is cancelled
             return
@@ -363,7 +384,7 @@ class Ring:
 
     def _fail_everything(self, error: BaseException) -> None:
         wrapped = IOEngineError(f"the ring thread died: {error!r}")
-        for request, _rel, _size, _op in list(self._inflight.values()):
+        for request, _rel, _size, _op, _t in list(self._inflight.values()):
             # The kernel may still own these buffers; keep them counted as in flight forever
             # rather than let them be reused (the engine is dead anyway).
             request.error = request.error or wrapped

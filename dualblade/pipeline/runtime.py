@@ -9,6 +9,7 @@ that dies cancels the others and the error reaches the owner.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -124,6 +125,60 @@ class Runtime:
         return self.plan
 
 
+def _trace_chunks(engine: IOEngine, tracer: Tracer) -> None:
+    """One trace slice per I/O chunk, on an ``io_uring`` track."""
+
+    def observe(
+        target: str,
+        op: str,
+        offset: int,
+        length: int,
+        submitted: float,
+        completed: float,
+        result: int,
+    ) -> None:
+        tracer.complete(
+            "io_uring",
+            f"{op} {length >> 10} KiB",
+            tracer.us(submitted),
+            tracer.us(completed),
+            target=target,
+            offset=offset,
+            result=result,
+        )
+
+    engine.observe_chunks(observe)
+
+
+#: Seconds between counter samples in a trace.
+SAMPLE_INTERVAL = 0.05
+
+
+async def _sample_counters(runtime: Runtime, scope: anyio.CancelScope) -> None:
+    """Counters for the trace: queue depth and throughput per direction, until ``scope`` ends."""
+    with scope:
+        await _sample_loop(runtime)
+
+
+async def _sample_loop(runtime: Runtime) -> None:
+    tracer, counters = runtime.tracer, runtime.counters
+    last = time.perf_counter()
+    last_read = last_written = 0
+    while True:
+        await anyio.sleep(SAMPLE_INTERVAL)
+        now = time.perf_counter()
+        snapshot = counters.snapshot()
+        read = sum(snapshot["read_bytes"].values())  # type: ignore[attr-defined]
+        written = sum(snapshot["write_bytes"].values())  # type: ignore[attr-defined]
+        tracer.counter("queue depth", chunks_in_flight=runtime.engine.inflight)
+        tracer.counter(
+            "throughput",
+            read_bytes_per_s=(read - last_read) / (now - last),
+            write_bytes_per_s=(written - last_written) / (now - last),
+        )
+        last, last_read, last_written = now, read, written
+
+
 def _budget_reader(config: PipelineConfig, memory_limit: int | None) -> Budget:
     derived = budget_for(config, memory_limit)
     return Budget(
@@ -216,9 +271,14 @@ async def start_runtime(
                     await probe.send(BudgetChanged(budget.page_cache_bytes))
 
             budgeter.subscribe(on_budget)
+            sampler = anyio.CancelScope()
+            if tracer.enabled:
+                _trace_chunks(engine, tracer)
+                tg.start_soon(_sample_counters, runtime, sampler)
             try:
                 yield runtime
             finally:
+                sampler.cancel()
                 # Copy threads and the DMA actor first, the binder last: it trims on stop.
                 for actor in reversed(actors):
                     actor.close()
