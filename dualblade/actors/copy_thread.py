@@ -22,7 +22,7 @@ import anyio
 import torch
 from anyio.abc import TaskGroup, TaskStatus
 
-from dualblade.actors._base import Actor, ActorStoppedError, Reply
+from dualblade.actors._base import Actor, ActorStoppedError, Reply, plain_errors
 from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
 from dualblade.actors.strategy_probe import OverlapGate
@@ -264,9 +264,10 @@ class CopyThreadActor(Actor[CopyMessage]):
                 self._ranges.release(*region)
 
         try:
-            async with anyio.create_task_group() as tg:
-                for sub_span, sub_view, rows in pieces:
-                    tg.start_soon(piece, sub_span, sub_view, rows)
+            with plain_errors():  # a piece's DualbladeError must reach _transfer as itself
+                async with anyio.create_task_group() as tg:
+                    for sub_span, sub_view, rows in pieces:
+                        tg.start_soon(piece, sub_span, sub_view, rows)
         finally:
             if reads_left > 0:  # a piece never started: do not leak the storage slot
                 limiter.release_on_behalf_of(token)
@@ -275,18 +276,22 @@ class CopyThreadActor(Actor[CopyMessage]):
     async def _store(self, message: Store) -> float:
         """Device -> pinned -> storage, piece by piece: a piece's write overlaps later DMAs."""
         pieces = self._pieces(message.span, message.view)
-        async with self.gate.limiter, anyio.create_task_group() as tg:
-            for sub_span, sub_view, rows in pieces:
-                region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
-                await self._ranges.acquire(*region)
-                try:
-                    await self._dma(
-                        message.source[rows], sub_view.tensor(self.buffer), "d2h", sub_span.label
-                    )
-                except BaseException:
-                    self._ranges.release(*region)
-                    raise
-                tg.start_soon(self._write_piece, sub_span, region)
+        with plain_errors():
+            async with self.gate.limiter, anyio.create_task_group() as tg:
+                for sub_span, sub_view, rows in pieces:
+                    region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
+                    await self._ranges.acquire(*region)
+                    try:
+                        await self._dma(
+                            message.source[rows],
+                            sub_view.tensor(self.buffer),
+                            "d2h",
+                            sub_span.label,
+                        )
+                    except BaseException:
+                        self._ranges.release(*region)
+                        raise
+                    tg.start_soon(self._write_piece, sub_span, region)
         return time.perf_counter()
 
     async def _write_piece(self, sub_span: StorageSpan, region: tuple[int, int]) -> None:

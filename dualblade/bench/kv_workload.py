@@ -19,6 +19,7 @@ from typing import Any
 import anyio
 import torch
 
+from dualblade.actors._base import plain_errors
 from dualblade.errors import DualbladeError
 from dualblade.pipeline.store import KVContext, KVStore
 
@@ -124,9 +125,10 @@ async def _decode_step(
 
     # Layers are independent in this synthetic step; the copy-thread pool bounds how many are
     # in flight, which is the prefetch depth.
-    async with anyio.create_task_group() as tg:
-        for layer in range(len(new_rows)):
-            tg.start_soon(one, layer)
+    with plain_errors():
+        async with anyio.create_task_group() as tg:
+            for layer in range(len(new_rows)):
+                tg.start_soon(one, layer)
 
 
 def _verify(

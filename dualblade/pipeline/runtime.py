@@ -29,6 +29,7 @@ from dualblade.actors import (
     OverlapGate,
     StrategyProbeActor,
 )
+from dualblade.actors._base import plain_errors
 from dualblade.actors.strategy_probe import BudgetChanged
 from dualblade.io_engine import (
     AlignedBuffer,
@@ -241,47 +242,50 @@ async def start_runtime(
             CopyThreadActor(i, buffer, dma, gate, tracer=tracer) for i, buffer in enumerate(buffers)
         ]
         actors: list[Actor[Any]] = [budgeter, binder, dma, probe, *threads]
-        async with anyio.create_task_group() as tg:
-            for actor in actors:
-                await tg.start(actor.run)
-            assert budgeter.current is not None
-            runtime = Runtime(
-                config=config,
-                device=device,
-                engine=engine,
-                direct=direct,
-                budgeter=budgeter,
-                binder=binder,
-                dma=dma,
-                probe=probe,
-                gate=gate,
-                pool=CopyThreadPool(threads),
-                buffers=buffers,
-                tracer=tracer,
-                metrics=Metrics(),
-                counters=PathCounters(),
-                plan=make_plan(config, budgeter.current.detail),  # type: ignore[arg-type]
-            )
+        # An error of the owner's body (or of one actor) leaves as itself, so that callers and
+        # the CLI can catch DualbladeError; the task group alone would wrap it in a group.
+        with plain_errors():
+            async with anyio.create_task_group() as tg:
+                for actor in actors:
+                    await tg.start(actor.run)
+                assert budgeter.current is not None
+                runtime = Runtime(
+                    config=config,
+                    device=device,
+                    engine=engine,
+                    direct=direct,
+                    budgeter=budgeter,
+                    binder=binder,
+                    dma=dma,
+                    probe=probe,
+                    gate=gate,
+                    pool=CopyThreadPool(threads),
+                    buffers=buffers,
+                    tracer=tracer,
+                    metrics=Metrics(),
+                    counters=PathCounters(),
+                    plan=make_plan(config, budgeter.current.detail),  # type: ignore[arg-type]
+                )
 
-            async def on_budget(budget: Budget) -> None:
-                before = runtime.plan.placement
-                after = runtime.replan(budget).placement
-                # Only a change of placement changes the traffic the probe measured.
-                if (before.page_cache, before.direct) != (after.page_cache, after.direct):
-                    await probe.send(BudgetChanged(budget.page_cache_bytes))
+                async def on_budget(budget: Budget) -> None:
+                    before = runtime.plan.placement
+                    after = runtime.replan(budget).placement
+                    # Only a change of placement changes the traffic the probe measured.
+                    if (before.page_cache, before.direct) != (after.page_cache, after.direct):
+                        await probe.send(BudgetChanged(budget.page_cache_bytes))
 
-            budgeter.subscribe(on_budget)
-            sampler = anyio.CancelScope()
-            if tracer.enabled:
-                _trace_chunks(engine, tracer)
-                tg.start_soon(_sample_counters, runtime, sampler)
-            try:
-                yield runtime
-            finally:
-                sampler.cancel()
-                # Copy threads and the DMA actor first, the binder last: it trims on stop.
-                for actor in reversed(actors):
-                    actor.close()
+                budgeter.subscribe(on_budget)
+                sampler = anyio.CancelScope()
+                if tracer.enabled:
+                    _trace_chunks(engine, tracer)
+                    tg.start_soon(_sample_counters, runtime, sampler)
+                try:
+                    yield runtime
+                finally:
+                    sampler.cancel()
+                    # Copy threads and the DMA actor first, the binder last: it trims on stop.
+                    for actor in reversed(actors):
+                        actor.close()
     finally:
         if engine is not None:
             engine.close()

@@ -33,6 +33,7 @@ import structlog
 import torch
 
 from dualblade.actors import Load, Reply, RowView, Store, TransferStats
+from dualblade.actors._base import plain_errors
 from dualblade.actors.binder import ClaimExtent, ClaimFile, ReleaseContext
 from dualblade.actors.strategy_probe import (
     GetStrategy,
@@ -233,9 +234,10 @@ class KVContext:
         async def one(tensor: TensorKind) -> None:
             results.append(await work(tensor))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(one, "K")
-            tg.start_soon(one, "V")
+        with plain_errors():  # callers catch KVShapeError, IOFailedError ... as themselves
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "K")
+                tg.start_soon(one, "V")
         return results
 
     async def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

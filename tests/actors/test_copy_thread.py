@@ -1,0 +1,203 @@
+"""Copy threads: Co-DMA on the direct path, pieces, failed I/O confined to its request."""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, replace
+
+import anyio
+import pytest
+import torch
+
+from dualblade.actors import (
+    CopyThreadActor,
+    GpuDmaActor,
+    Load,
+    OverlapGate,
+    Reply,
+    RowView,
+    Store,
+    TransferStats,
+    copy_thread,
+)
+from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
+from dualblade.pipeline.spans import DirectSpan, PathCounters
+
+pytestmark = pytest.mark.anyio
+
+ROWS, BATCH, WIDTH = 24, 3, 64  # 384-byte rows (bfloat16), padded to 4096
+ROW_BYTES = BATCH * WIDTH * 2
+STRIDE = 4096
+
+
+@dataclass
+class Rig:
+    thread: CopyThreadActor
+    dma: GpuDmaActor
+    engine: IOEngine
+    target: DirectFile
+    buffer: AlignedBuffer
+    counters: PathCounters
+    preads: list[tuple[int, int]]  # (host address, bytes) of every storage read
+
+    def span(self, first_row: int, rows: int) -> DirectSpan:
+        return DirectSpan(
+            self.engine,
+            self.target,
+            first_row * STRIDE,
+            rows * STRIDE,
+            first_row * STRIDE,
+            f"rows {first_row}-{first_row + rows}",
+            self.counters,
+        )
+
+    async def move(self, kind: str, first_row: int, tensor: torch.Tensor) -> TransferStats:
+        rows = tensor.shape[0]
+        view = RowView(
+            first_row * STRIDE, rows, ROW_BYTES, STRIDE, tensor.dtype, tuple(tensor.shape)
+        )
+        reply: Reply[TransferStats] = Reply()
+        span = self.span(first_row, rows)
+        message = (
+            Load(span, view, tensor, reply) if kind == "load" else Store(tensor, view, span, reply)
+        )
+        return await self.thread.ask(message, reply)
+
+
+@pytest.fixture
+async def rig(tmp_path, monkeypatch) -> AsyncIterator[Rig]:
+    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 5 * STRIDE)  # 5-row pieces
+    preads: list[tuple[int, int]] = []
+    with (
+        IOEngine(queue_depth=8, max_chunk=64 << 10) as engine,
+        DirectFile(tmp_path / "direct.kv", ROWS * STRIDE) as target,
+        AlignedBuffer(ROWS * STRIDE) as buffer,
+    ):
+        real_pread = engine.pread
+
+        async def spy_pread(tgt, buf, size, offset, *, buf_offset=0):
+            preads.append((buf.address + buf_offset, size))
+            return await real_pread(tgt, buf, size, offset, buf_offset=buf_offset)
+
+        engine.pread = spy_pread  # type: ignore[method-assign]
+        dma = GpuDmaActor(torch.device("cpu"))
+        thread = CopyThreadActor(0, buffer, dma, OverlapGate(1))
+        async with anyio.create_task_group() as tg:
+            await tg.start(dma.run)
+            await tg.start(thread.run)
+            yield Rig(thread, dma, engine, target, buffer, PathCounters(), preads)
+            thread.close()
+            dma.close()
+
+
+def data(rows: int, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn((rows, BATCH, WIDTH), generator=generator).to(torch.bfloat16)
+
+
+async def test_direct_load_is_co_dma(rig):
+    source = data(ROWS, 1)
+    stats = await rig.move("store", 0, source)
+    assert stats.io_buffer_address == stats.dma_host_address == rig.buffer.address
+    destination = torch.empty_like(source)
+    copies_before = rig.dma.host_copies
+    rig.preads.clear()
+    stats = await rig.move("load", 0, destination)
+    assert torch.equal(destination, source)
+    assert stats.path == "direct"
+    assert stats.nbytes == ROWS * STRIDE
+    # The storage DMA's buffer is the memory the device copy reads: one crossing of host memory.
+    assert stats.io_buffer_address == stats.dma_host_address
+    lo, hi = rig.buffer.address, rig.buffer.address + rig.buffer.size
+    assert lo <= stats.io_buffer_address < hi
+    # Every piece was read from storage straight into the pinned buffer, at the place the DMA
+    # took it from (5-row pieces: 0, 5, 10, 15, 20).
+    assert sorted(rig.preads) == [
+        (lo + r * STRIDE, min(5, ROWS - r) * STRIDE) for r in range(0, ROWS, 5)
+    ]
+    # One host copy per piece on this CPU-only machine, nothing else touched the bytes.
+    assert rig.dma.host_copies - copies_before == 5
+    assert rig.thread.co_dma_transfers == rig.thread.direct_transfers == 2
+
+
+async def test_slice_load_uses_the_rows_place_in_the_buffer(rig):
+    source = data(ROWS, 2)
+    await rig.move("store", 0, source)
+    destination = torch.empty((9, BATCH, WIDTH), dtype=torch.bfloat16)
+    copies_before = rig.dma.host_copies
+    stats = await rig.move("load", 7, destination)
+    assert torch.equal(destination, source[7:16])
+    assert stats.io_buffer_address == stats.dma_host_address == rig.buffer.address + 7 * STRIDE
+    assert rig.dma.host_copies - copies_before == 2  # rows 7-11 and 12-15
+
+
+async def test_host_copies_count_every_piece(rig):
+    pieces = 0
+    for first, rows in [(0, ROWS), (3, 1), (10, 11), (23, 1)]:
+        await rig.move("store", first, data(rows, first))
+        await rig.move("load", first, torch.empty((rows, BATCH, WIDTH), dtype=torch.bfloat16))
+        pieces += 2 * -(-rows // 5)
+    assert rig.dma.host_copies == pieces
+    assert rig.dma.bytes_h2d == rig.dma.bytes_d2h
+
+
+async def test_overlapping_transfers_in_one_buffer_stay_exact(rig):
+    """Two transfers at a time share the buffer under byte-range locks."""
+    first, second = data(ROWS, 3), data(ROWS, 4)
+    await rig.move("store", 0, first)
+    out = [torch.empty_like(first) for _ in range(4)]
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.move, "load", 0, out[0])
+        tg.start_soon(rig.move, "load", 0, out[1])
+    assert torch.equal(out[0], first)
+    assert torch.equal(out[1], first)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.move, "store", 0, second)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(rig.move, "load", 0, out[2])
+        tg.start_soon(rig.move, "load", 12, out[3][:12])
+    assert torch.equal(out[2], second)
+    assert torch.equal(out[3][:12], second[12:])
+
+
+async def test_failed_storage_read_fails_only_that_request(rig):
+    source = data(ROWS, 5)
+    await rig.move("store", 0, source)
+
+    @dataclass
+    class FailingSpan:
+        inner: DirectSpan
+        label: str = "failing"
+        path: str = "direct"
+
+        @property
+        def buffer_offset(self) -> int:
+            return self.inner.buffer_offset
+
+        @property
+        def nbytes(self) -> int:
+            return self.inner.nbytes
+
+        def piece(self, buffer_offset: int, nbytes: int) -> FailingSpan:
+            return replace(self, inner=self.inner.piece(buffer_offset, nbytes))
+
+        async def read_into(self, buffer: AlignedBuffer) -> None:
+            if self.inner.buffer_offset >= 10 * STRIDE:  # the third piece fails
+                raise IOFailedError(self.inner.target.name, "read", 0, 4096, errno=errno.EIO)
+            await self.inner.read_into(buffer)
+
+        async def write_from(self, buffer: AlignedBuffer) -> None:
+            raise AssertionError("not used")
+
+    view = RowView(0, ROWS, ROW_BYTES, STRIDE, torch.bfloat16, (ROWS, BATCH, WIDTH))
+    reply: Reply[TransferStats] = Reply()
+    destination = torch.empty_like(source)
+    with pytest.raises(IOFailedError):
+        await rig.thread.ask(Load(FailingSpan(rig.span(0, ROWS)), view, destination, reply), reply)
+    # The copy thread is alive, its buffer's ranges and the storage slot were given back.
+    assert rig.thread._ranges.held == []
+    assert rig.thread.gate.limiter.borrowed_tokens == 0
+    again = torch.empty_like(source)
+    await rig.move("load", 0, again)
+    assert torch.equal(again, source)

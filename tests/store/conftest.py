@@ -1,0 +1,105 @@
+"""Small pipeline configs for store tests, all under the test's tmp dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+import torch
+
+from dualblade.pipeline import PipelineConfig, config_from_mapping
+
+POLICIES = ["dual", "direct", "page-cache", "cache-policy", "baseline"]
+
+#: Tiny shapes. "aligned": 4 × 512 halfs = 4096-byte rows (no padding). "odd-gqa": batch 3,
+#: 2 KV heads of 32 (8 query heads): 384-byte rows padded to 4096.
+SHAPES: dict[str, dict[str, Any]] = {
+    "aligned": {
+        "model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "dtype": "float16"},
+        "batch": 4,
+    },
+    "odd-gqa": {
+        "model": {
+            "num_layers": 4,
+            "hidden_size": 256,
+            "num_heads": 8,
+            "num_kv_heads": 2,
+            "dtype": "bfloat16",
+        },
+        "batch": 3,
+    },
+}
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+MakeConfig = Callable[..., PipelineConfig]
+
+
+@pytest.fixture
+def make_config(tmp_path: Path) -> MakeConfig:
+    """``make_config(policy, shape="odd-gqa", prompt_len=16, max_new_tokens=4, **top_level)``.
+
+    The page-cache budget is fixed (no polling) and ``knob_x`` puts two of the four layers on
+    the page-cache path under ``dual`` (both paths carry traffic) and makes ``cache-policy``
+    evict layers 2-3.
+    """
+
+    def make(
+        policy: str = "dual",
+        shape: str = "odd-gqa",
+        *,
+        prompt_len: int = 16,
+        max_new_tokens: int = 4,
+        model: dict[str, Any] | None = None,
+        batch: int | None = None,
+        direct: dict[str, Any] | None = None,
+        memory: dict[str, Any] | None = None,
+        **top: Any,
+    ) -> PipelineConfig:
+        spec = SHAPES[shape]
+        data: dict[str, Any] = {
+            "model": model or spec["model"],
+            "workload": {
+                "batch": batch or spec["batch"],
+                "prompt_len": prompt_len,
+                "max_new_tokens": max_new_tokens,
+            },
+            "memory": memory or {"page_cache_budget": "2MiB", "knob_x": "2MiB"},
+            "storage": {
+                "direct": {"path": str(tmp_path / "direct.kv"), **(direct or {})},
+                "page_cache_dir": str(tmp_path / "pc"),
+            },
+            "policy": policy,
+            **top,
+        }
+        config = config_from_mapping(data, env={})
+        if policy in ("dual", "cache-policy") and memory is None:
+            # knob_x = two layers: layers 0-1 cached, 2-3 direct (dual) or evicted (cache-policy).
+            from dualblade.pipeline.planner import layer_page_cache_bytes
+
+            two_layers = sum(layer_page_cache_bytes(config)[:2])
+            data["memory"] = {"page_cache_budget": "2MiB", "knob_x": two_layers}
+            config = config_from_mapping(data, env={})
+        return config
+
+    return make
+
+
+def random_kv(config: PipelineConfig, rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Distinct K and V of ``rows`` rows for ``config``'s shape (seeded)."""
+    shape = config.shape()
+    generator = torch.Generator().manual_seed(seed)
+    size = (rows, config.workload.batch, shape.kv_width)
+    k = torch.randn(size, generator=generator).to(DTYPES[shape.dtype])
+    v = torch.randn(size, generator=generator).to(DTYPES[shape.dtype])
+    return k, v
+
+
+@pytest.fixture(autouse=True)
+def _fresh_structlog() -> Iterator[None]:
+    """Undo the CLI's ``structlog.configure`` (it binds the test's captured stderr)."""
+    yield
+    structlog.reset_defaults()
