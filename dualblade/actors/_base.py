@@ -119,6 +119,7 @@ class Actor(ABC, Generic[M]):
         self._mailbox = send
         self._inbox = receive
         self.handled = 0
+        self._ran = False
 
     async def send(self, message: M) -> None:
         """Deliver a message, waiting while the mailbox is full.
@@ -137,11 +138,18 @@ class Actor(ABC, Generic[M]):
         return await reply.wait()
 
     def close(self) -> None:
-        """Stop accepting messages; the loop ends after the buffered ones."""
+        """Stop accepting messages; the loop ends after the buffered ones.
+
+        An actor whose ``run`` never began (its owner's start-up was cut short) closes its
+        inbox too, so neither end of the mailbox is left open.
+        """
         self._mailbox.close()
+        if not self._ran:
+            self._inbox.close()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """The actor's life: start-up, readiness, the message loop, clean-up."""
+        self._ran = True
         self.tracer.track(self.name)
         async with self._inbox:
             await self.on_start()

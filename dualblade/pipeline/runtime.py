@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -190,6 +190,17 @@ def _budget_reader(config: PipelineConfig, memory_limit: int | None) -> Budget:
     )
 
 
+@contextlib.contextmanager
+def _all_closed(actors: list[Actor[Any]]) -> Iterator[None]:
+    """Close every actor on the way out, also when start-up was cut short (an error or a
+    cancellation while starting them): started or not, none leaves an open mailbox behind."""
+    try:
+        yield
+    finally:
+        for actor in actors:
+            actor.close()
+
+
 @contextlib.asynccontextmanager
 async def start_runtime(
     config: PipelineConfig,
@@ -228,13 +239,14 @@ async def start_runtime(
             or config.memory.page_cache_budget is not None
             or config.memory.limit is not None
         )
+        page_cache_dir = Path(config.storage.page_cache_dir) / f"store-{id(buffers):x}"
+        # The binder first: it may refuse the extent, and no other actor exists yet to leak.
+        binder = BinderActor(engine, direct, first_lba, n_blocks, page_cache_dir, tracer=tracer)
         budgeter = BudgeterActor(
             lambda: _budget_reader(config, memory_limit),
             interval=0 if fixed else budget_interval,
             tracer=tracer,
         )
-        page_cache_dir = Path(config.storage.page_cache_dir) / f"store-{id(buffers):x}"
-        binder = BinderActor(engine, direct, first_lba, n_blocks, page_cache_dir, tracer=tracer)
         dma = GpuDmaActor(device, tracer=tracer)
         gate = OverlapGate(config.copy_threads)
         probe = StrategyProbeActor(gate, config.strategy, tracer=tracer)
@@ -244,7 +256,7 @@ async def start_runtime(
         actors: list[Actor[Any]] = [budgeter, binder, dma, probe, *threads]
         # An error of the owner's body (or of one actor) leaves as itself, so that callers and
         # the CLI can catch DualbladeError; the task group alone would wrap it in a group.
-        with plain_errors():
+        with plain_errors(), _all_closed(actors):
             async with anyio.create_task_group() as tg:
                 for actor in actors:
                     await tg.start(actor.run)
