@@ -68,7 +68,9 @@ class Tracer:
             self._events.append(event)
 
     def track(self, name: str) -> int:
-        """The thread id of a named track (an actor), created on first use."""
+        """The thread id of a named track (an actor), created on first use (0 when disabled)."""
+        if not self.enabled:
+            return 0
         with self._lock:
             tid = self._tracks.get(name)
             if tid is not None:
@@ -173,6 +175,14 @@ class Tracer:
 NULL_TRACER = Tracer(enabled=False)
 
 
+def _sample(value: float) -> str:
+    """A sample value, exact: integers in full (``:g`` would print 2097152 as 2.09715e+06),
+    other floats as their shortest round-tripping repr."""
+    if float(value).is_integer():
+        return str(int(value))
+    return repr(float(value))
+
+
 class Metrics:
     """Counters (monotonic) and gauges (last value), thread-safe, with Prometheus export."""
 
@@ -221,5 +231,5 @@ class Metrics:
             if name in helps:
                 lines.append(f"# HELP {full} {helps[name]}")
             lines.append(f"# TYPE {full} {kind}")
-            lines.append(f"{full} {value:g}")
+            lines.append(f"{full} {_sample(value)}")
         return "\n".join(lines) + "\n"
