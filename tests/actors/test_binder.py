@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -10,7 +11,7 @@ import anyio
 import pytest
 
 from dualblade.actors import BinderActor, ExtentExhaustedError, Reply
-from dualblade.actors.binder import Book, ClaimExtent, ClaimFile, GetBook, Released, ReleaseContext
+from dualblade.actors.binder import Book, ClaimExtent, ClaimFile, GetBook, ReleaseContext, Released
 from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, PageCacheFile, TargetError
 
 pytestmark = pytest.mark.anyio
@@ -75,7 +76,7 @@ async def test_contexts_get_disjoint_runs_inside_the_extent(client):
     book = await client.book()
     assert book.region == (8, 8 + EXTENT_BLOCKS)
     runs = sorted((start, start + sizes[c]) for c, start in starts.items())
-    for (_, end), (start, _) in zip(runs, runs[1:], strict=False):
+    for (_, end), (start, _) in itertools.pairwise(runs):
         assert end <= start
     assert runs[0][0] >= 8
     assert runs[-1][1] <= 8 + EXTENT_BLOCKS
