@@ -155,7 +155,7 @@ class _TargetBase(_Section):
         default=0, ge=0, description="First LBA of the extent dualblade may use."
     )
     lba_size: LbaSize = Field(
-        default=4096, description="Logical block size in bytes (file: any I/O unit)."
+        default=4096, description="Logical block size in bytes (a direct file: 4096)."
     )
 
     def extent_blocks(self) -> int | None:

@@ -39,6 +39,7 @@ from dualblade.io_engine import (
     NvmeNamespace,
     Target,
 )
+from dualblade.io_engine.targets.direct_file import DIRECT_FILE_ALIGNMENT
 from dualblade.pipeline.budget import PageCacheBudget
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.planner import Plan, budget_for, make_plan, pin_bytes
@@ -52,9 +53,19 @@ def open_direct_target(config: PipelineConfig) -> tuple[Target, int, int | None]
     """The configured direct target, its first LBA and its extent in blocks (None: grows)."""
     spec = config.storage.direct
     if spec.kind == "file":
-        target: Target = DirectFile(spec.path, spec.extent_size or 0)
-        blocks = spec.extent_blocks()
-        return target, spec.first_lba, blocks
+        if spec.lba_size != DIRECT_FILE_ALIGNMENT:
+            from dualblade.errors import ConfigError
+
+            # Rows padded to smaller blocks would fail O_DIRECT at the first write.
+            raise ConfigError(
+                f"storage.direct.lba_size is {spec.lba_size} but a direct file moves "
+                f"{DIRECT_FILE_ALIGNMENT}-byte blocks (O_DIRECT alignment); set lba_size = "
+                f"{DIRECT_FILE_ALIGNMENT} or leave it out"
+            )
+        # The extent starts at first_lba: the file holds the blocks before it too.
+        size = spec.first_lba * spec.lba_size + spec.extent_size if spec.extent_size else 0
+        target: Target = DirectFile(spec.path, size)
+        return target, spec.first_lba, spec.extent_blocks()
     target = BlockDevice(str(spec.path)) if spec.kind == "block" else NvmeNamespace(str(spec.path))
     if target.lba_size != spec.lba_size:
         lba = target.lba_size
