@@ -99,3 +99,20 @@ async def test_transfers_cut_into_many_pieces_stay_exact(make_config, policy, mo
         if "direct" in store.metrics()["read_bytes"]:
             assert store.plan.layout.row_stride == 4096
             assert store.plan.layout.padding_overhead == pytest.approx(4096 / 384 - 1)
+
+
+async def test_store_direct_path_is_co_dma(make_config, monkeypatch):
+    """Through the store: every direct transfer used one host buffer for the storage DMA and the
+    device copy, and each piece was one CPU copy (this machine has no GPU)."""
+    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 4 * 4096)
+    config = make_config("direct", "odd-gqa", prompt_len=16, max_new_tokens=1)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=7)
+        await ctx.write(0, k, v)  # 2 stores of 4 pieces
+        await ctx.append(0, k[:1], v[:1])  # 2 stores of 1 piece
+        await ctx.read(0, (2, 17))  # 2 loads of 4 pieces (15 rows)
+        co_dma = store.metrics()["co_dma"]
+    assert co_dma["direct_transfers"] == 6
+    assert co_dma["same_buffer"] == 6
+    assert co_dma["cpu_fallback_copies"] == 2 * 4 + 2 * 1 + 2 * 4
+    assert co_dma["staged_host_copies"] == 0
