@@ -5,6 +5,10 @@ Every transfer is a native NVMe command in a 128-byte SQE (``IORING_OP_URING_CMD
 Deallocate attribute as TRIM. The kernel does not split passthrough commands, so the largest
 command is ``min(MDTS, max_hw_sectors_kb, max_segments × page size, 65536 blocks)``: a command
 from ordinary 4 KiB pages may span at most ``max_segments`` of them.
+
+Buffers need only LBA alignment (NVMe data pointers need a dword; the store's padded rows start
+on LBA, not page, boundaries). With LBAs smaller than a page a chunk may start inside a page and
+touch one page more than its length says, so the segment cap is one page lower there.
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ class NvmeNamespace(Target):
             os.close(self.fd)
             raise TargetError(f"identify failed on {path}: {error.strerror}") from error
         self.lba_size = self.namespace.lba_size
-        self.alignment = max(self.lba_size, PAGE_SIZE)
+        self.alignment = self.lba_size
         self.size = self.namespace.nsze * self.lba_size
         self.queue = self._queue_limits(path)
         self.max_transfer = max_transfer or self._default_max_transfer()
@@ -98,7 +102,9 @@ class NvmeNamespace(Target):
         if "max_hw_sectors_kb" in self.queue:
             caps.append(self.queue["max_hw_sectors_kb"] * 1024)
         if "max_segments" in self.queue:
-            caps.append(self.queue["max_segments"] * PAGE_SIZE)
+            # A chunk that starts inside a page spans one page more than its length.
+            pages = self.queue["max_segments"] - (self.alignment < PAGE_SIZE)
+            caps.append(max(1, pages) * PAGE_SIZE)
         cap = min(caps)
         return max(self.lba_size, cap // self.lba_size * self.lba_size)
 
