@@ -228,6 +228,9 @@ class IOEngine:
 
     async def trim(self, target: Target, offset: int, length: int) -> None:
         """Deallocate ``[offset, offset+length)`` on the target (punch hole, discard, DSM)."""
+        if length == 0:
+            target.check_io("trim", offset, 0, None)
+            return
         if target.trim_op(offset, length) is None or self.kind == "threadpool":
             target.check_io("trim", offset, length, None)
             await anyio.to_thread.run_sync(target.trim_blocking, offset, length)
@@ -284,6 +287,9 @@ class IOEngine:
 
     def trim_blocking(self, target: Target, offset: int, length: int) -> None:
         """Blocking :meth:`trim`."""
+        if length == 0:
+            target.check_io("trim", offset, 0, None)
+            return
         if target.trim_op(offset, length) is None or self.kind == "threadpool":
             target.check_io("trim", offset, length, None)
             target.trim_blocking(offset, length)

@@ -348,3 +348,9 @@ async def test_trim_punches_holes(
     assert bytes(buffer.view[(1 << 20) : (3 << 20)]) == bytes(2 << 20)
     assert bytes(buffer.view[: 1 << 20]) == b"\x5a" * (1 << 20)
     assert bytes(buffer.view[3 << 20 : 4 << 20]) == b"\x5a" * (1 << 20)
+
+
+async def test_zero_length_trim_completes(engine: IOEngine, direct_file: DirectFile) -> None:
+    with anyio.fail_after(5):
+        await engine.trim(direct_file, 4096, 0)
+    engine.trim_blocking(direct_file, 4096, 0)
