@@ -33,6 +33,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--queue-depth", type=int, default=32, help="chunks in flight (default: 32)"
     )
     parser.add_argument("--runs", type=int, default=3, help="runs per side (default: 3)")
+    parser.add_argument(
+        "--request-size",
+        default="128MiB",
+        help="bytes per request, like one KPU read (default: %(default)s); two are in flight",
+    )
     parser.add_argument("--no-fio", action="store_true", help="skip the fio reference")
     parser.add_argument(
         "--no-page-cache", action="store_true", help="skip the page-cache path measurement"
@@ -51,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--block-size must be a positive multiple of 4096, got {block_size}")
     if size < block_size:
         raise ConfigError(f"--size ({size}) must be at least one block ({block_size})")
+    if parse_size(args.request_size) < block_size:
+        raise ConfigError("--request-size must be at least one block")
     if args.queue_depth < 1 or args.runs < 1:
         raise ConfigError("--queue-depth and --runs must be at least 1")
     config = IoBenchConfig(
@@ -61,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
         runs=args.runs,
         use_fio=not args.no_fio,
         page_cache=not args.no_page_cache,
+        request_bytes=parse_size(args.request_size),
     )
     result = run_iobench(config, progress=lambda line: print(line, file=sys.stderr, flush=True))
     document = result.to_json()
