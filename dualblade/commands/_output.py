@@ -26,11 +26,3 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> st
         if index == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
-
-
-def default_cache_dir() -> str:
-    """``$XDG_CACHE_HOME/dualblade`` or ``~/.cache/dualblade``: where default targets live."""
-    import os
-
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "dualblade")

@@ -12,7 +12,8 @@ import shutil
 import tempfile
 from typing import Any
 
-from dualblade.commands._output import default_cache_dir, print_json
+from dualblade.commands._output import print_json
+from dualblade.pipeline.config import default_cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -92,7 +93,7 @@ def collect() -> dict[str, Any]:
             thp = f.read().strip()
     except OSError:
         thp = "unavailable"
-    cache = default_cache_dir()
+    cache = str(default_cache_dir())
     return {
         "kernel": platform.release(),
         "python": platform.python_version(),

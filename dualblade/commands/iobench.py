@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-from dualblade.commands._output import default_cache_dir, format_table, print_json
+from dualblade.commands._output import format_table, print_json
 from dualblade.errors import ConfigError
+from dualblade.pipeline.config import default_cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -22,7 +22,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--target",
-        default=os.path.join(default_cache_dir(), "iobench.dat"),
+        default=str(default_cache_dir() / "iobench.dat"),
         help="file (created and preallocated) or raw block device (default: %(default)s)",
     )
     parser.add_argument(
