@@ -173,6 +173,18 @@ class IORequest:
             self.error = error
         self._maybe_finish()
 
+    def abandon_under_dma(self, error: BaseException) -> None:
+        """Fail a request whose chunks may still be in the kernel's hands (the ring died).
+
+        The caller is told at once, but the buffer stays counted as in flight: nobody will ever
+        see those completions, so the buffer must never be released or reused.
+        """
+        if self.finished:
+            return
+        self.error = self.error or error
+        self.finished = True
+        self.notify()
+
     def start_empty(self) -> None:
         """Finish a zero-length request at once."""
         self._maybe_finish()

@@ -383,13 +383,18 @@ class Ring:
         self._registered_buffers = list(buffers)
 
     def _fail_everything(self, error: BaseException) -> None:
+        """Report the ring's death to every waiting caller instead of leaving them hanging.
+
+        Requests with chunks still posted keep their buffers counted as in flight forever: the
+        kernel may still DMA into them, so such a buffer refuses to close (a leak, never a
+        corruption). The engine is dead afterwards; every new call raises.
+        """
         wrapped = IOEngineError(f"the ring thread died: {error!r}")
-        for request, _rel, _size, _op, _t in list(self._inflight.values()):
-            # The kernel may still own these buffers; keep them counted as in flight forever
-            # rather than let them be reused (the engine is dead anyway).
-            request.error = request.error or wrapped
+        posted = {id(entry[0]): entry[0] for entry in self._inflight.values()}
+        for request in posted.values():
+            request.abandon_under_dma(wrapped)
         for request in self._ready:
-            if request.inflight == 0:
+            if id(request) not in posted and not request.finished:
                 request.abandon(wrapped)
 
     def _teardown(self) -> None:

@@ -157,3 +157,32 @@ async def test_buffer_refuses_release_while_in_flight(pipe: tuple[PipeTarget, in
                 buf.close()
             os.write(write_end, b"z" * 4096)
         buf.close()
+
+
+async def test_a_dead_ring_fails_waiters_and_keeps_their_buffer_pinned(
+    pipe: tuple[PipeTarget, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the ring thread dies, callers get an error, never a hang, and no buffer is reused."""
+    from dualblade.io_engine import BufferBusyError, IOEngineError
+
+    target, _write_end = pipe
+    engine = IOEngine(queue_depth=2, compat="off")
+    buf = AlignedBuffer(4096, huge=False)
+    ring = engine._backend
+    assert isinstance(ring, Ring)
+    original = Ring._submit_and_wait
+
+    def dying_wait(self: Ring) -> int:
+        # Dies at the first wait with the pipe read posted (it never completes by itself).
+        if self._inflight:
+            raise OSError(14, "injected: the ring's memory went bad")
+        return original(self)
+
+    monkeypatch.setattr(Ring, "_submit_and_wait", dying_wait)
+    with anyio.fail_after(10), pytest.raises(IOEngineError, match="ring thread died"):
+        await engine.pread(target, buf, 4096, 0)
+    assert buf.inflight == 1  # the kernel may still write into it: never released
+    with pytest.raises(BufferBusyError):
+        buf.close()
+    with pytest.raises(IOEngineError, match="died"):
+        await engine.pread(target, AlignedBuffer(4096, huge=False), 4096, 0)
