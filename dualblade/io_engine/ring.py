@@ -14,6 +14,7 @@ kernel has let go of the memory.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -187,7 +188,7 @@ class Ring:
 
     def _post(self, what: str, payload: Any) -> None:
         if self._fatal is not None:
-            raise IOEngineError(f"the ring thread has died: {self._fatal}") from self._fatal
+            raise IOEngineError(f"the ring thread died: {self._fatal!r}") from self._fatal
         if self._stopping and what != "stop":
             raise IOEngineError("the I/O engine is closed")
         self._inbox.append((what, payload))
@@ -216,8 +217,9 @@ class Ring:
                 self._reap()
         except BaseException as error:  # the thread must never die silently
             self._fatal = error
-            _log.error("ring thread died", error=repr(error))
-            self._fail_everything(error)
+            self._fail_everything(error)  # first: even a broken logger must not stop this
+            with contextlib.suppress(Exception):
+                _log.error("ring thread died", error=repr(error))
 
     def _submit_and_wait(self) -> int:
         """Submit what is queued and sleep (GIL released) until a completion arrives.
