@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
+import structlog
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -21,3 +23,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _reset_structlog() -> Iterator[None]:
+    """Undo a test's ``structlog.configure`` (the CLI's): its stream is pytest's, closed later."""
+    yield
+    structlog.reset_defaults()
