@@ -159,7 +159,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"target block       {'usable' if targets['block']['usable'] else 'needs root'}")
     if targets["nvme"]:
         for namespace in targets["nvme"]:
-            print(f"target nvme        {namespace}")
+            if "error" in namespace:
+                print(f"target nvme        {namespace['name']}: {namespace['error']}")
+                continue
+            mdts = namespace["mdts_bytes"]
+            print(
+                f"target nvme        {namespace['name']}: {namespace['size'] / 2**30:.1f} GiB, "
+                f"LBA {namespace['lba_size']} B, MDTS {namespace['mdts']} "
+                f"({'no limit' if mdts is None else f'{mdts >> 10} KiB'}), max transfer "
+                f"{namespace['max_transfer'] >> 10} KiB, DSM {'yes' if namespace['dsm'] else 'no'}, "
+                f"{namespace['model']}"
+            )
     else:
         print("target nvme        no NVMe namespaces (/dev/ngXnY)")
     print(f"fio                {report['fio'] or 'not installed'}")
