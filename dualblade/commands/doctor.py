@@ -163,11 +163,12 @@ def run(args: argparse.Namespace) -> int:
                 print(f"target nvme        {namespace['name']}: {namespace['error']}")
                 continue
             mdts = namespace["mdts_bytes"]
+            dsm = "yes" if namespace["dsm"] else "no"
             print(
                 f"target nvme        {namespace['name']}: {namespace['size'] / 2**30:.1f} GiB, "
                 f"LBA {namespace['lba_size']} B, MDTS {namespace['mdts']} "
                 f"({'no limit' if mdts is None else f'{mdts >> 10} KiB'}), max transfer "
-                f"{namespace['max_transfer'] >> 10} KiB, DSM {'yes' if namespace['dsm'] else 'no'}, "
+                f"{namespace['max_transfer'] >> 10} KiB, DSM {dsm}, "
                 f"{namespace['model']}"
             )
     else:
