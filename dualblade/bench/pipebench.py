@@ -64,7 +64,7 @@ async def _pipeline_pass(ctx: KVContext, layers: int) -> None:
 
 async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]) -> None:
     runtime = store.runtime
-    lba_map = await ctx._lba_map_for_direct()
+    lba_map = await ctx.direct_map()
     extents = list(lba_map)
     free = anyio.create_memory_object_stream[AlignedBuffer](len(buffers))
     for buffer in buffers:
@@ -102,7 +102,7 @@ async def run_pipebench(
         try:
             async with store.context() as ctx:
                 await _prefill(ctx, store)
-                lba_map = await ctx._lba_map_for_direct()
+                lba_map = await ctx.direct_map()
                 bytes_per_pass = sum(extent.nbytes for extent in lba_map)
                 for run in range(runs):
                     order = ["pipeline", "raw"] if run % 2 == 0 else ["raw", "pipeline"]

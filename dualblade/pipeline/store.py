@@ -43,10 +43,12 @@ from dualblade.actors.strategy_probe import (
     StrategyName,
 )
 from dualblade.errors import DualbladeError
+from dualblade.io_engine import PageCacheFile
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.kpu import KpuId, TensorKind
 from dualblade.pipeline.layout import TensorLayout
 from dualblade.pipeline.lba_map import LbaMap, Region
+from dualblade.pipeline.placement import assign_groups
 from dualblade.pipeline.planner import Plan
 from dualblade.pipeline.runtime import Runtime, start_runtime
 from dualblade.pipeline.sizes import BlockCount, ByteCount, Lba
@@ -102,6 +104,13 @@ class KVContext:
         self._lengths = [0] * self.num_layers
         self._lba_map: LbaMap | None = None
         self._map_lock = anyio.Lock()
+        self._files: dict[KpuId, PageCacheFile] = {}
+        # cache-policy keeps the layers its budget can hold and evicts the rest after use;
+        # decided once, from this context's own plan (a later budget change re-plans new ones).
+        budget = plan.budget
+        self.resident_layers = assign_groups(
+            list(plan.placement.layer_bytes), budget.page_cache_bytes, budget.knob_x_bytes
+        ).n1
         self._closed = False
         self.log = _log.bind(store=store.name, context=context_id)
 
@@ -142,7 +151,8 @@ class KVContext:
     def _group(self, layer: int) -> str:
         return self.plan.placement.group_of(layer)
 
-    async def _lba_map_for_direct(self) -> LbaMap:
+    async def direct_map(self) -> LbaMap:
+        """The LBA map of this context's direct KPUs, claimed from the binder on first use."""
         async with self._map_lock:
             if self._lba_map is None:
                 direct_layers = self.plan.placement.direct
@@ -158,13 +168,23 @@ class KVContext:
                 self._lba_map = LbaMap.bind(tensors, region, self.direct_layout.lba_size)
             return self._lba_map
 
+    async def _file(self, kpu: KpuId) -> PageCacheFile:
+        """The KPU's page-cache file, created by the binder on first use, then remembered."""
+        file = self._files.get(kpu)
+        if file is None:
+            reply: Reply[PageCacheFile] = Reply()
+            claim = ClaimFile(self.id, str(kpu), self.file_layout.image_bytes, reply)
+            file = await self._runtime.binder.ask(claim, reply)
+            self._files[kpu] = file
+        return file
+
     async def _span(self, layer: int, tensor: TensorKind, rows: RowRange) -> tuple[Any, RowView]:
         kpu = KpuId(layer, tensor)
         runtime = self._runtime
         policy = self.store.config.policy
         if self._group(layer) == "direct":
             layout = self.direct_layout
-            lba_map = await self._lba_map_for_direct()
+            lba_map = await self.direct_map()
             plan = plan_slice(
                 lba_map.lookup(kpu), layout, rows, runtime.engine.max_chunk or layout.image_bytes
             )
@@ -180,17 +200,14 @@ class KVContext:
             )
         else:
             layout = self.file_layout
-            reply: Reply[Any] = Reply()
-            file = await runtime.binder.ask(
-                ClaimFile(self.id, str(kpu), layout.image_bytes, reply), reply
-            )
+            file = await self._file(kpu)
             offset = rows.start * layout.row_stride
             nbytes = len(rows) * layout.row_stride
             label = f"{kpu} rows {rows.start}-{rows.stop}"
             if policy == "baseline":
                 span = MmapSpan(file, offset, nbytes, offset, label, runtime.counters)
             else:
-                evict = policy == "cache-policy" and layer >= self.store.resident_layers
+                evict = policy == "cache-policy" and layer >= self.resident_layers
                 span = PageCacheSpan(
                     runtime.engine,
                     file,
@@ -335,15 +352,6 @@ class KVStore:
     def plan(self) -> Plan:
         """The plan new contexts get (it changes with the budget)."""
         return self.runtime.plan
-
-    @property
-    def resident_layers(self) -> int:
-        """Layers the budget lets stay in the page cache (Algorithm 1's n1 under ``dual``)."""
-        from dualblade.pipeline.placement import assign_groups
-
-        budget = self.runtime.plan.budget
-        layer_bytes = self.runtime.plan.placement.layer_bytes
-        return assign_groups(list(layer_bytes), budget.page_cache_bytes, budget.knob_x_bytes).n1
 
     @contextlib.asynccontextmanager
     async def context(self) -> AsyncIterator[KVContext]:
