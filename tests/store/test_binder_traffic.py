@@ -15,7 +15,8 @@ pytestmark = pytest.mark.anyio
 async def test_transfers_after_the_first_do_not_message_the_binder(make_config: MakeConfig) -> None:
     config = make_config("dual")
     async with open_store(config, device="cpu") as store, store.context() as ctx:
-        assert store.plan.placement.page_cache and store.plan.placement.direct
+        assert store.plan.placement.page_cache
+        assert store.plan.placement.direct
         rows = torch.zeros((8, ctx.batch, ctx.width), dtype=ctx.dtype)
         for layer in range(ctx.num_layers):
             await ctx.write(layer, rows, rows)  # materializes files and the extent
