@@ -228,14 +228,20 @@ class IOEngine:
 
     async def trim(self, target: Target, offset: int, length: int) -> None:
         """Deallocate ``[offset, offset+length)`` on the target (punch hole, discard, DSM)."""
-        if length == 0:
-            target.check_io("trim", offset, 0, None)
-            return
-        if target.trim_op(offset, length) is None or self.kind == "threadpool":
-            target.check_io("trim", offset, length, None)
+        route = self._trim_route(target, offset, length)
+        if route == "thread":
             await anyio.to_thread.run_sync(target.trim_blocking, offset, length)
-            return
-        await self._run_async(Kind.TRIM, target, None, length, offset, 0)
+        elif route == "ring":
+            await self._run_async(Kind.TRIM, target, None, length, offset, 0)
+
+    def _trim_route(self, target: Target, offset: int, length: int) -> str:
+        """Check a trim, then say how it runs: ``none`` (empty), ``thread`` or ``ring``."""
+        target.check_io("trim", offset, length, None)
+        if length == 0:
+            return "none"
+        if self.kind == "threadpool" or target.trim_op(offset, length) is None:
+            return "thread"
+        return "ring"
 
     async def _run_async(
         self,
@@ -287,14 +293,11 @@ class IOEngine:
 
     def trim_blocking(self, target: Target, offset: int, length: int) -> None:
         """Blocking :meth:`trim`."""
-        if length == 0:
-            target.check_io("trim", offset, 0, None)
-            return
-        if target.trim_op(offset, length) is None or self.kind == "threadpool":
-            target.check_io("trim", offset, length, None)
+        route = self._trim_route(target, offset, length)
+        if route == "thread":
             target.trim_blocking(offset, length)
-            return
-        self._run_blocking(Kind.TRIM, target, None, length, offset, 0)
+        elif route == "ring":
+            self._run_blocking(Kind.TRIM, target, None, length, offset, 0)
 
     def _run_blocking(
         self,
