@@ -79,11 +79,14 @@ def _mha(name: str, layers: int, hidden: int, heads: int, dtype: DType = "float1
     return ModelShape(name, layers, hidden, heads, heads, hidden // heads, dtype)
 
 
-#: Shape presets by lower-case name. OPT: facebook/opt-* configs (fp16, multi-head attention).
+#: Shape presets by lower-case name. OPT: facebook/opt-* configs (fp16, multi-head attention);
+#: opt-tiny is no published model but an OPT of four 64-wide layers for tests and demos that must
+#: run real inference in seconds.
 #: Llama-3-8B: 8 KV heads (GQA 4:1). Qwen2.5-7B: 4 KV heads (GQA 7:1), head_dim 128.
 PRESETS: dict[str, ModelShape] = {
     shape.name: shape
     for shape in (
+        _mha("opt-tiny", 4, 64, 4),
         _mha("opt-125m", 12, 768, 12),
         _mha("opt-350m", 24, 1024, 16),
         _mha("opt-1.3b", 24, 2048, 32),

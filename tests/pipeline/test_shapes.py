@@ -39,6 +39,7 @@ def test_presets_are_consistent(name):
 def test_opt_family_layers():
     layers = {name: PRESETS[name].num_layers for name in PRESETS if name.startswith("opt")}
     assert layers == {
+        "opt-tiny": 4,
         "opt-125m": 12,
         "opt-350m": 24,
         "opt-1.3b": 24,
