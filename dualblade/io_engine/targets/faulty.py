@@ -1,0 +1,232 @@
+"""A fault-injecting wrapper around any target: a testing and soak aid, never used by default.
+
+Why at the target: both engines consult the target for every chunk — the io_uring ring hands
+each completion to :meth:`Target.transferred`, the compatibility engine calls
+:meth:`Target.pread_blocking` / :meth:`Target.pwrite_blocking` — so a wrapper there drives the
+real error, retry and cancellation paths of both backends, of the copy threads and of the store,
+with no test-only branch in any of them.
+
+Faults, chosen per chunk by a seeded :class:`FaultPolicy`:
+
+- ``eio`` / ``enospc``: the chunk fails with :class:`InjectedIOError` (an
+  :class:`~dualblade.io_engine.errors.IOFailedError`, errno ``EIO`` / ``ENOSPC``; ``enospc``
+  on writes only). On the ring the kernel did move the bytes and the failure is reported on
+  completion; in the compatibility engine the syscall is skipped. Callers cannot tell, and must
+  not rely on either.
+- ``short``: the chunk reports half of what it moved (whole LBAs, at least one), so the engine
+  must resubmit the rest.
+- ``slow``: the completion is held back for ``slow_s`` seconds (on the ring this stalls the ring
+  thread, like a slow device would stall its queue).
+
+Trims are passed through untouched: a context's release must not be refused by injection.
+Every injected fault is recorded (:attr:`FaultyTarget.injected`), so a soak can check that each
+one surfaced where it should.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno as errno_module
+import random
+import threading
+import time
+from dataclasses import dataclass
+
+from dualblade.io_engine import opcodes
+from dualblade.io_engine.errors import IOFailedError
+from dualblade.io_engine.targets.base import Target
+
+
+class FaultKind(enum.Enum):
+    """What an injected fault does to one chunk."""
+
+    EIO = "eio"
+    ENOSPC = "enospc"
+    SHORT = "short"
+    SLOW = "slow"
+
+    @property
+    def hard(self) -> bool:
+        """The chunk fails (the caller must see an error), rather than merely misbehaving."""
+        return self in (FaultKind.EIO, FaultKind.ENOSPC)
+
+
+_ERRNO = {FaultKind.EIO: errno_module.EIO, FaultKind.ENOSPC: errno_module.ENOSPC}
+
+
+class InjectedIOError(IOFailedError):
+    """An :class:`IOFailedError` made by a :class:`FaultyTarget`; ``serial`` names the fault."""
+
+    def __init__(
+        self, target: str, op: str, offset: int, length: int, *, errno: int, serial: int
+    ) -> None:
+        super().__init__(
+            target, op, offset, length, errno=errno, detail=f"injected fault #{serial}"
+        )
+        self.serial = serial
+
+
+@dataclass(frozen=True)
+class InjectedFault:
+    """One fault as injected: which chunk, what, and when (``time.monotonic`` seconds)."""
+
+    serial: int
+    kind: FaultKind
+    op: str
+    offset: int
+    length: int
+    at: float
+
+
+class FaultPolicy:
+    """Decides, per chunk, whether and how it fails: ``rate`` of chunks get a fault.
+
+    Args:
+        rate: probability that a chunk gets a fault, in ``[0, 1]``.
+        seed: seeds the generator (the sequence of decisions, not their timing, is repeatable).
+        kinds: the faults to pick from, uniformly (``enospc`` is skipped on reads).
+        slow_s: how long a ``slow`` completion is held back.
+
+    Raises:
+        ValueError: a rate outside ``[0, 1]``, no kinds, or a negative delay.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        *,
+        seed: int = 0,
+        kinds: tuple[FaultKind, ...] = tuple(FaultKind),
+        slow_s: float = 0.002,
+    ) -> None:
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"fault rate must be in [0, 1], got {rate}")
+        if not kinds:
+            raise ValueError("a fault policy needs at least one fault kind")
+        if slow_s < 0:
+            raise ValueError(f"slow_s must not be negative, got {slow_s}")
+        self.rate = rate
+        self.kinds = kinds
+        self.slow_s = slow_s
+        self.enabled = True
+        self._random = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def decide(self, op: str) -> FaultKind | None:
+        """The fault for the next chunk of ``op`` (``read``/``write``), or None."""
+        if not self.enabled or not self.rate:
+            return None
+        with self._lock:
+            if self._random.random() >= self.rate:
+                return None
+            choices = [k for k in self.kinds if op == "write" or k is not FaultKind.ENOSPC]
+            return self._random.choice(choices) if choices else None
+
+
+class FaultyTarget(Target):
+    """``inner`` with faults injected by ``policy``; geometry, fd and commands are the inner's.
+
+    Closing it closes ``inner``.
+    """
+
+    def __init__(self, inner: Target, policy: FaultPolicy) -> None:
+        self.inner = inner
+        self.policy = policy
+        self.name = inner.name
+        self.fd = inner.fd
+        self.lba_size = inner.lba_size
+        self.alignment = inner.alignment
+        self.max_transfer = inner.max_transfer
+        self.size = inner.size
+        self.passthrough = inner.passthrough
+        self.threadpool_capable = inner.threadpool_capable
+        self.max_trim = inner.max_trim
+        self._log: list[InjectedFault] = []
+        self._lock = threading.Lock()
+        self._serial = 0
+
+    # -- bookkeeping ----------------------------------------------------------------------------
+    @property
+    def injected(self) -> list[InjectedFault]:
+        """Every fault injected so far, in order (a copy)."""
+        with self._lock:
+            return list(self._log)
+
+    def _inject(self, op: str, offset: int, length: int) -> InjectedFault | None:
+        kind = self.policy.decide(op)
+        if kind is None:
+            return None
+        if kind is FaultKind.SHORT and self._short(length) == 0:
+            return None  # a single-LBA chunk cannot come back short in whole LBAs
+        with self._lock:
+            self._serial += 1
+            fault = InjectedFault(self._serial, kind, op, offset, length, time.monotonic())
+            self._log.append(fault)
+        return fault
+
+    def _short(self, moved: int) -> int:
+        return moved // 2 // self.lba_size * self.lba_size
+
+    def _error(self, fault: InjectedFault) -> InjectedIOError:
+        return InjectedIOError(
+            self.name,
+            fault.op,
+            fault.offset,
+            fault.length,
+            errno=_ERRNO[fault.kind],
+            serial=fault.serial,
+        )
+
+    # -- the ring's path -------------------------------------------------------------------------
+    def io_op(
+        self, write: bool, address: int, length: int, offset: int, buf_index: int | None
+    ) -> opcodes.Op:
+        return self.inner.io_op(write, address, length, offset, buf_index)
+
+    def transferred(self, op: str, res: int, length: int, offset: int, extra: int) -> int:
+        moved = self.inner.transferred(op, res, length, offset, extra)  # real errors first
+        if op == "trim" or moved <= 0:
+            return moved
+        fault = self._inject(op, offset, length)
+        if fault is None:
+            return moved
+        if fault.kind.hard:
+            raise self._error(fault)
+        if fault.kind is FaultKind.SLOW:
+            time.sleep(self.policy.slow_s)
+            return moved
+        return self._short(moved) or moved
+
+    # -- the compatibility engine's path ---------------------------------------------------------
+    def _blocking(self, op: str, view: memoryview, offset: int) -> int:
+        fault = self._inject(op, offset, len(view))
+        call = self.inner.pwrite_blocking if op == "write" else self.inner.pread_blocking
+        if fault is None:
+            return call(view, offset)
+        if fault.kind.hard:
+            raise self._error(fault)
+        if fault.kind is FaultKind.SLOW:
+            time.sleep(self.policy.slow_s)
+            return call(view, offset)
+        with view[: self._short(len(view))] as part:
+            return call(part, offset)
+
+    def pread_blocking(self, view: memoryview, offset: int) -> int:
+        return self._blocking("read", view, offset)
+
+    def pwrite_blocking(self, view: memoryview, offset: int) -> int:
+        return self._blocking("write", view, offset)
+
+    # -- passed through ---------------------------------------------------------------------
+    def trim_op(self, offset: int, length: int) -> opcodes.Op | None:
+        return self.inner.trim_op(offset, length)
+
+    def trim_blocking(self, offset: int, length: int) -> None:
+        self.inner.trim_blocking(offset, length)
+
+    def describe(self) -> dict[str, object]:
+        return {**self.inner.describe(), "faults": "injected"}
+
+    def close(self) -> None:
+        self.fd = -1
+        self.inner.close()
