@@ -1,0 +1,262 @@
+"""The OPT decoder run layer by layer with its KV cache in a KV store (FlexLLMGen's loop).
+
+Weights stay on the compute device; the KV cache does not. Prefill runs each layer over the whole
+prompt and hands its K and V to the cache (written behind the next layer's compute). Each decode
+step then walks the layers again: before computing layer ``i`` it starts the read of layer
+``i + 1``, so storage and compute overlap, and it appends layer ``i``'s new row behind it.
+
+Compute runs in a worker thread (torch releases the GIL in its kernels) so that the event loop
+keeps driving the store's actors — the overlap is real on a CPU too, and a service running
+several requests keeps all of them moving.
+
+Activations are ``[seq, batch, hidden]``, the layout of the store's tensors, so K and V go to
+the cache without a transpose. K and V are rounded to the cache's dtype before attention uses
+them, in prefill as in decode: the model computes with exactly the values the cache returns,
+which is why every policy, and the in-memory reference, yields the same tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import anyio
+import anyio.to_thread
+import torch
+import torch.nn.functional as F  # noqa: N812
+
+from dualblade.actors._base import plain_errors
+from dualblade.errors import ConfigError
+from dualblade.models.architecture import POSITION_OFFSET, OptArchitecture
+from dualblade.models.kv import KVCache, KVProvider
+from dualblade.models.weights import LayerWeights, OptWeights
+
+T = TypeVar("T")
+
+_KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class Generation:
+    """Greedy tokens of one batch and how long producing them took."""
+
+    tokens: torch.Tensor  # [batch, gen_len], int64, on the CPU
+    prefill_s: float  # prompt through every layer, to the first new token
+    decode_step_s: list[float] = field(default_factory=list)
+
+    @property
+    def decode_s(self) -> float:
+        return sum(self.decode_step_s)
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Generated tokens (all sequences) per second of prefill plus decode."""
+        total = self.prefill_s + self.decode_s
+        return self.tokens.numel() / total if total > 0 else 0.0
+
+
+class OptModel:
+    """An OPT decoder whose KV cache lives in a :class:`~dualblade.models.kv.KVProvider`."""
+
+    def __init__(
+        self,
+        weights: OptWeights,
+        *,
+        device: torch.device | str = "cpu",
+        compute_dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self.arch: OptArchitecture = weights.arch
+        self.device = torch.device(device)
+        self.compute_dtype = compute_dtype
+        self.kv_dtype = _KV_DTYPES[self.arch.kv_dtype]
+        self.weights = weights.to(self.device, compute_dtype)
+        self._layers = [self.weights.layer(i) for i in range(self.arch.num_layers)]
+
+    # -- the math of one piece ---------------------------------------------------------------
+    def _embed(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        """Token plus learned position embeddings of ``ids`` ``[seq, batch]`` at ``start``."""
+        w = self.weights.tensors
+        x = F.embedding(ids.to(self.device), w["embed_tokens.weight"])
+        project_in = self.weights.get("project_in.weight")
+        if project_in is not None:
+            x = F.linear(x, project_in)
+        positions = torch.arange(start, start + ids.shape[0], device=self.device) + POSITION_OFFSET
+        return x + F.embedding(positions, w["embed_positions.weight"])[:, None, :]
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        """Next-token logits ``[batch, vocab]`` from the last position of ``x``."""
+        w, h = self.weights, x[-1]
+        norm = w.get("final_layer_norm.weight")
+        if norm is not None:
+            h = F.layer_norm(h, (h.shape[-1],), norm, w.get("final_layer_norm.bias"))
+        project_out = w.get("project_out.weight")
+        if project_out is not None:
+            h = F.linear(h, project_out)
+        head = w.get("lm_head.weight")
+        return F.linear(h, head if head is not None else w.tensors["embed_tokens.weight"])
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), weight, bias)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        """``[seq, batch, hidden]`` to ``[batch, heads, seq, head_dim]``."""
+        seq, batch, _ = x.shape
+        return x.view(seq, batch, self.arch.num_heads, self.arch.head_dim).permute(1, 2, 0, 3)
+
+    def _cached(self, x: torch.Tensor) -> torch.Tensor:
+        """K or V as the cache stores it (its dtype)."""
+        return x.to(self.kv_dtype)
+
+    def _layer(
+        self,
+        index: int,
+        x: torch.Tensor,
+        past: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One decoder layer over ``x``; returns its output and the new K and V to cache.
+
+        Without ``past`` (prefill) attention is causal over ``x``; with it (decode, one row)
+        the row attends to the cached rows and itself.
+        """
+        lw: LayerWeights = self._layers[index]
+        pre = self.arch.layer_norm_before
+        h = self._norm(x, lw.attn_ln_w, lw.attn_ln_b) if pre else x
+        q = F.linear(h, lw.q_w, lw.q_b)
+        k_new = self._cached(F.linear(h, lw.k_w, lw.k_b))
+        v_new = self._cached(F.linear(h, lw.v_w, lw.v_b))
+        k, v = k_new, v_new
+        if past is not None:
+            k, v = torch.cat([past[0], k_new]), torch.cat([past[1], v_new])
+        dt = self.compute_dtype
+        attn = F.scaled_dot_product_attention(
+            self._heads(q), self._heads(k.to(dt)), self._heads(v.to(dt)), is_causal=past is None
+        )
+        attn = attn.permute(2, 0, 1, 3).reshape(x.shape)
+        x = x + F.linear(attn, lw.o_w, lw.o_b)
+        if not pre:
+            x = self._norm(x, lw.attn_ln_w, lw.attn_ln_b)
+        h = self._norm(x, lw.ffn_ln_w, lw.ffn_ln_b) if pre else x
+        x = x + F.linear(F.relu(F.linear(h, lw.fc1_w, lw.fc1_b)), lw.fc2_w, lw.fc2_b)
+        if not pre:
+            x = self._norm(x, lw.ffn_ln_w, lw.ffn_ln_b)
+        return x, k_new, v_new
+
+    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn`` in a worker thread so the event loop keeps moving KV bytes meanwhile."""
+
+        def run() -> T:
+            with torch.inference_mode():
+                return fn(*args)
+
+        return await anyio.to_thread.run_sync(run)
+
+    # -- the layer loops ---------------------------------------------------------------------
+    async def _prefill(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
+        """Run the prompt ``[seq, batch]`` through every layer, writing each layer's K and V."""
+        x = await self._compute(self._embed, ids, 0)
+        # At most two layers' K and V wait for their write: bounds the memory of write-behind.
+        behind = anyio.Semaphore(2)
+
+        async def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+            try:
+                await cache.write(layer, k, v)
+            finally:
+                behind.release()
+
+        with plain_errors():
+            async with anyio.create_task_group() as tg:
+                for layer in range(self.arch.num_layers):
+                    x, k, v = await self._compute(self._layer, layer, x, None)
+                    await behind.acquire()
+                    tg.start_soon(write, layer, k, v)
+        return await self._compute(self._logits, x)
+
+    async def _decode(self, cache: KVCache, tokens: torch.Tensor, position: int) -> torch.Tensor:
+        """One decode step for ``tokens`` ``[batch]`` at ``position``; returns the logits."""
+        x = await self._compute(self._embed, tokens[None, :], position)
+        reads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        ready = [anyio.Event() for _ in range(self.arch.num_layers)]
+
+        async def read(layer: int) -> None:
+            reads[layer] = await cache.read(layer)
+            ready[layer].set()
+
+        with plain_errors():
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read, 0)
+                for layer in range(self.arch.num_layers):
+                    if layer + 1 < self.arch.num_layers:
+                        tg.start_soon(read, layer + 1)  # prefetch: overlaps this layer's compute
+                    await ready[layer].wait()
+                    past = reads.pop(layer)
+                    x, k_row, v_row = await self._compute(self._layer, layer, x, past)
+                    del past
+                    tg.start_soon(cache.append, layer, k_row, v_row)
+        return await self._compute(self._logits, x)
+
+    # -- generation ----------------------------------------------------------------------------
+    def check_request(self, prompt_ids: torch.Tensor, gen_len: int) -> None:
+        """Refuse a request this model cannot run, before any work.
+
+        Raises:
+            ConfigError: a prompt that is not ``[batch, seq]`` integer ids within the vocabulary,
+                ``gen_len`` below 1, or more positions than the model has.
+        """
+        if prompt_ids.dim() != 2 or prompt_ids.shape[0] == 0 or prompt_ids.shape[1] == 0:
+            raise ConfigError(f"prompt ids must be [batch, seq], got {list(prompt_ids.shape)}")
+        if prompt_ids.dtype not in (torch.int64, torch.int32):
+            raise ConfigError(f"prompt ids must be integers, got {prompt_ids.dtype}")
+        if int(prompt_ids.min()) < 0 or int(prompt_ids.max()) >= self.arch.vocab_size:
+            raise ConfigError(f"prompt ids must lie in [0, {self.arch.vocab_size})")
+        if gen_len < 1:
+            raise ConfigError(f"gen_len must be at least 1, got {gen_len}")
+        total = prompt_ids.shape[1] + gen_len
+        if total > self.arch.max_positions:
+            raise ConfigError(
+                f"prompt ({prompt_ids.shape[1]}) + gen_len ({gen_len}) = {total} exceeds "
+                f"{self.arch.name}'s {self.arch.max_positions} positions"
+            )
+
+    async def stream(
+        self, prompt_ids: torch.Tensor, gen_len: int, kv: KVProvider
+    ) -> AsyncGenerator[torch.Tensor, None]:
+        """Greedy-decode ``gen_len`` tokens for ``prompt_ids`` ``[batch, seq]``, one step at a
+        time: yields each step's tokens ``[batch]`` (CPU int64).
+
+        One context of ``kv`` holds the request's cache for the whole generation; it is released
+        when the generator finishes or is closed (use ``contextlib.aclosing``). The first token
+        comes from prefill, each further one from a decode step bracketed by
+        ``kv.iteration()``, which appends the previous token's K and V.
+
+        Raises:
+            ConfigError: see :meth:`check_request`.
+            KVShapeError: the store was configured for another batch or length.
+        """
+        self.check_request(prompt_ids, gen_len)
+        ids = prompt_ids.t().contiguous()
+        prompt_len = ids.shape[0]
+        async with kv.context() as cache:
+            logits = await self._prefill(cache, ids)
+            token = logits.argmax(dim=-1).cpu()
+            yield token
+            for step in range(1, gen_len):
+                async with kv.iteration():
+                    logits = await self._decode(cache, token, prompt_len + step - 1)
+                token = logits.argmax(dim=-1).cpu()
+                yield token
+
+    async def generate(self, prompt_ids: torch.Tensor, gen_len: int, kv: KVProvider) -> Generation:
+        """All of :meth:`stream` at once, timed: prefill to the first token, then each step."""
+        steps: list[torch.Tensor] = []
+        times: list[float] = []
+        start = time.perf_counter()
+        async with contextlib.aclosing(self.stream(prompt_ids, gen_len, kv)) as tokens:
+            async for token in tokens:
+                now = time.perf_counter()
+                times.append(now - start)
+                start = now
+                steps.append(token)
+        return Generation(torch.stack(steps, dim=1), prefill_s=times[0], decode_step_s=times[1:])
