@@ -20,6 +20,7 @@ from dualblade.errors import DualbladeError
 #: whose parser sets ``func(args) -> int``. Imported lazily so ``dualblade --help`` stays fast.
 COMMAND_MODULES: tuple[str, ...] = (
     "run",
+    "generate",
     "pipebench",
     "doctor",
     "iobench",
