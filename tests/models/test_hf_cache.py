@@ -1,0 +1,325 @@
+"""DualBladeCache: transformers' generate() offloads through the store and changes nothing.
+
+Tiny random models (fixed seed, float32, built in code: no hub here) decode greedily with their
+default in-memory cache and with a DualBladeCache under each policy; the ids and every step's
+logits must be identical. The weights are initialised wide (std 0.3) so the generated tokens
+vary from step to step: a cache that returned wrong rows would change them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from transformers import DynamicCache  # noqa: E402
+
+from dualblade.errors import ConfigError  # noqa: E402
+from dualblade.models.hf_cache import DualBladeCache, DualBladeCacheError  # noqa: E402
+from dualblade.pipeline.planner import layer_page_cache_bytes  # noqa: E402
+
+POLICIES = ["dual", "direct", "page-cache", "cache-policy", "baseline"]
+PROMPT, NEW, BATCH, VOCAB = 7, 6, 2, 128
+
+
+def _opt() -> Any:
+    config = transformers.OPTConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        ffn_dim=128,
+        word_embed_proj_dim=64,
+        max_position_embeddings=64,
+        init_std=0.3,
+    )
+    torch.manual_seed(0)
+    return transformers.OPTForCausalLM(config).eval()
+
+
+def _llama_gqa() -> Any:
+    config = transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+MODELS = {"opt": _opt, "llama-gqa": _llama_gqa}
+
+
+@pytest.fixture(scope="module", params=list(MODELS))
+def model(request: pytest.FixtureRequest) -> Any:
+    built = MODELS[request.param]()
+    assert built.dtype == torch.float32
+    return built
+
+
+@pytest.fixture
+def prompt() -> torch.Tensor:
+    return torch.randint(3, VOCAB, (BATCH, PROMPT), generator=torch.Generator().manual_seed(1))
+
+
+def _generate(model: Any, ids: torch.Tensor, **kwargs: Any) -> Any:
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=NEW,
+        do_sample=False,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+        output_logits=True,
+        **kwargs,
+    )
+
+
+def _storage(tmp_path: Path) -> dict[str, Any]:
+    return {"direct": {"path": str(tmp_path / "direct.kv")}, "page_cache_dir": str(tmp_path / "pc")}
+
+
+def _one_layer_on_page_cache(model: Any, tmp_path: Path, policy: str) -> DualBladeCache:
+    """A cache whose budget (knob X) holds exactly layer 0: dual then uses both paths, and
+    cache-policy keeps layer 0 and evicts the others after each use."""
+    probe = DualBladeCache(model.config, PROMPT + NEW, batch_size=BATCH, policy=policy)
+    layer_bytes = layer_page_cache_bytes(probe.config_for(BATCH))[0]
+    probe.close()
+    return DualBladeCache(
+        model.config,
+        max_cache_len=PROMPT + NEW,
+        batch_size=BATCH,
+        policy=policy,
+        storage=_storage(tmp_path),
+        pipeline={"memory": {"page_cache_budget": "4MiB", "knob_x": layer_bytes}},
+    )
+
+
+EXPECTED_PATHS = {
+    "dual": {"direct", "page-cache"},
+    "direct": {"direct"},
+    "page-cache": {"page-cache"},
+    "cache-policy": {"page-cache"},
+    "baseline": {"baseline"},
+}
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_generate_matches_the_default_cache(model, prompt, tmp_path, policy):
+    reference = _generate(model, prompt)
+    generated = reference.sequences[:, PROMPT:]
+    assert all(len(set(row.tolist())) >= 3 for row in generated), "degenerate model: too weak"
+
+    with _one_layer_on_page_cache(model, tmp_path, policy) as cache:
+        offloaded = _generate(model, prompt, cache=cache)
+        metrics = cache.metrics()
+        # The store holds exactly the K and V that the in-memory cache accumulated.
+        for ours, theirs in zip(cache.layers, reference.cache.layers, strict=True):
+            k, v = ours.read()
+            assert torch.equal(k, theirs.keys)
+            assert torch.equal(v, theirs.values)
+
+    assert torch.equal(offloaded.sequences, reference.sequences)
+    for ours, theirs in zip(offloaded.logits, reference.logits, strict=True):
+        assert torch.equal(ours, theirs)
+    # Every decode step read its KV back from the store, through the policy's paths.
+    read = {path for path, count in metrics["read_bytes"].items() if count}
+    assert read == EXPECTED_PATHS[policy]
+    assert cache.get_seq_length() == PROMPT + NEW - 1  # generate never caches its last token
+
+
+def test_beam_search_reorders_the_stored_batch(model, prompt, tmp_path):
+    reference = model.generate(prompt, max_new_tokens=NEW, num_beams=2, do_sample=False)
+    with DualBladeCache(
+        model.config, PROMPT + NEW, batch_size=2 * BATCH, storage=_storage(tmp_path)
+    ) as cache:
+        offloaded = model.generate(
+            prompt, max_new_tokens=NEW, num_beams=2, do_sample=False, cache=cache
+        )
+    assert torch.equal(offloaded, reference)
+
+
+def test_batch_and_dtype_come_from_the_first_update(model, prompt, tmp_path):
+    reference = _generate(model, prompt)
+    with DualBladeCache(model.config, 32, policy="direct", storage=_storage(tmp_path)) as cache:
+        assert cache.pipeline_config is None
+        offloaded = _generate(model, prompt, cache=cache)
+        opened = cache.pipeline_config
+        assert opened is not None
+        assert (opened.workload.batch, opened.model.dtype) == (BATCH, "float32")
+        assert cache.batch_size == BATCH
+    assert torch.equal(offloaded.sequences, reference.sequences)
+
+
+def test_open_ahead_of_generate(model, prompt, tmp_path):
+    reference = _generate(model, prompt)
+    cache = DualBladeCache(model.config, 16, batch_size=BATCH, storage=_storage(tmp_path))
+    with cache.open():
+        assert cache.pipeline_config is not None
+        offloaded = _generate(model, prompt, cache=cache)
+    assert cache.closed
+    assert torch.equal(offloaded.sequences, reference.sequences)
+
+
+# -- the cache's own operations, against transformers' DynamicCache ---------------------------
+
+
+def _kv(seed: int, rows: int, batch: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    k = torch.randn(batch, 2, rows, 8, generator=generator)
+    return k, torch.randn(batch, 2, rows, 8, generator=generator)
+
+
+@pytest.fixture
+def tiny_config() -> Any:
+    return transformers.LlamaConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
+
+
+def test_crop_reset_and_reorder_match_dynamic_cache(tiny_config, tmp_path):
+    """Assisted decoding crops, beam search reorders: the same results as in memory."""
+    dynamic = DynamicCache()
+    with DualBladeCache(tiny_config, 12, storage=_storage(tmp_path)) as cache:
+
+        def both(op: str, *args: Any) -> None:
+            for layer in range(2):
+                if op == "update":
+                    ours = cache.update(*args, layer)
+                    theirs = dynamic.update(*args, layer)
+                    assert torch.equal(ours[0], theirs[0])
+                    assert torch.equal(ours[1], theirs[1])
+            if op != "update":
+                getattr(cache, op)(*args)
+                getattr(dynamic, op)(*args)
+            for layer in range(2):
+                assert cache.get_seq_length(layer) == dynamic.get_seq_length(layer)
+                if cache.get_seq_length(layer):
+                    k, v = cache.layers[layer].read()
+                    assert torch.equal(k, dynamic.layers[layer].keys)
+                    assert torch.equal(v, dynamic.layers[layer].values)
+
+        both("update", *_kv(0, 5))
+        both("update", *_kv(1, 1))
+        both("crop", -2)
+        both("crop", 0)
+        both("update", *_kv(2, 3))  # several rows after the prefill (chunked prefill, assistants)
+        both("reorder_cache", torch.tensor([2, 0, 0]))
+        both("update", *_kv(3, 1))
+        assert cache.get_mask_sizes(1, 0) == dynamic.get_mask_sizes(1, 0) == (9, 0)
+        cache.reset()
+        dynamic.reset()
+        assert cache.get_seq_length() == 0
+        both("update", *_kv(4, 2))
+        with pytest.raises(ValueError, match="negative"):
+            cache.crop(1)
+
+
+# -- bad use -------------------------------------------------------------------------------------
+
+
+def test_a_larger_batch_than_configured_is_refused(model, tmp_path):
+    ids = torch.randint(3, VOCAB, (BATCH + 1, PROMPT), generator=torch.Generator().manual_seed(2))
+    with (
+        DualBladeCache(model.config, 32, batch_size=BATCH, storage=_storage(tmp_path)) as cache,
+        pytest.raises(DualBladeCacheError, match=rf"batch of {BATCH + 1} .* made for {BATCH}"),
+    ):
+        _generate(model, ids, cache=cache)
+
+
+def test_more_tokens_than_max_cache_len_are_refused(model, prompt, tmp_path):
+    with (
+        DualBladeCache(model.config, PROMPT + 2, storage=_storage(tmp_path)) as cache,
+        pytest.raises(DualBladeCacheError, match=rf"past max_cache_len={PROMPT + 2}"),
+    ):
+        _generate(model, prompt, cache=cache)  # needs PROMPT + NEW - 1 rows
+
+
+def test_unsupported_dtype_and_batch_changes_are_refused(tiny_config, tmp_path):
+    with DualBladeCache(tiny_config, 8, storage=_storage(tmp_path)) as cache:
+        k, v = _kv(0, 2)
+        with pytest.raises(DualBladeCacheError, match="float64"):
+            cache.update(k.double(), v.double(), 0)
+        cache.update(k, v, 0)
+        with pytest.raises(DualBladeCacheError, match="batch of 2"):
+            cache.update(*_kv(1, 1, batch=2), 1)
+        with pytest.raises(DualBladeCacheError, match="cannot change its batch"):
+            cache.batch_repeat_interleave(2)
+
+
+def test_bad_settings_fail_at_construction(tiny_config):
+    with pytest.raises(ConfigError, match="policy"):
+        DualBladeCache(tiny_config, 8, policy="fastest")
+    with pytest.raises(DualBladeCacheError, match="workload"):
+        DualBladeCache(tiny_config, 8, pipeline={"workload": {"batch": 2}})
+    with pytest.raises(DualBladeCacheError, match="max_cache_len"):
+        DualBladeCache(tiny_config, 0)
+
+
+def test_a_closed_cache_refuses_updates(tiny_config, tmp_path):
+    cache = DualBladeCache(tiny_config, 8, storage=_storage(tmp_path))
+    cache.update(*_kv(0, 2), 0)
+    cache.close()
+    cache.close()  # idempotent
+    with pytest.raises(DualBladeCacheError, match="closed"):
+        cache.update(*_kv(1, 1), 0)
+    with pytest.raises(DualBladeCacheError, match="not open"):
+        cache.metrics()
+
+
+# -- resources -----------------------------------------------------------------------------------
+
+
+def _resources() -> tuple[list[str], list[str]]:
+    """Live Python threads and open file descriptors (what they point at), as sorted lists."""
+    fds = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the descriptor listdir itself used
+            fds.append(os.readlink(f"/proc/self/fd/{fd}"))
+    threads = sorted(t.name for t in threading.enumerate())
+    return threads, sorted(fd for fd in fds if not fd.startswith("/proc/"))
+
+
+@pytest.mark.parametrize("policy", ["dual", "baseline"])
+def test_close_releases_threads_files_and_storage(model, prompt, tmp_path, policy):
+    before = _resources()
+    with _one_layer_on_page_cache(model, tmp_path, policy) as cache:
+        _generate(model, prompt, cache=cache)
+        during = _resources()
+        assert len(during[0]) > len(before[0])  # the store's event-loop thread
+        assert any(str(tmp_path) in fd for fd in during[1])  # its open target and files
+        assert any((tmp_path / "pc").rglob("*"))
+    assert _resources() == before
+    assert not [p for p in (tmp_path / "pc").rglob("*") if p.is_file()]  # page-cache files gone
+
+
+def test_an_error_inside_generate_still_releases(model, prompt, tmp_path):
+    before = _resources()
+    with (
+        pytest.raises(DualBladeCacheError),
+        DualBladeCache(model.config, PROMPT, storage=_storage(tmp_path)) as cache,
+    ):
+        _generate(model, prompt, cache=cache)
+    assert cache.closed
+    assert _resources() == before
+
+
+def test_an_unclosed_cache_closes_when_collected(tiny_config, tmp_path):
+    before = _resources()
+    cache = DualBladeCache(tiny_config, 8, storage=_storage(tmp_path))
+    cache.update(*_kv(0, 2), 0)
+    assert _resources() != before
+    del cache
+    assert _resources() == before
