@@ -91,6 +91,10 @@ class Reply(Generic[T]):
     def done(self) -> bool:
         return self._event.is_set()
 
+    async def settled(self) -> None:
+        """Wait until the reply is answered, either way, without raising its error."""
+        await self._event.wait()
+
     async def wait(self) -> T:
         """The answer; raises the error the actor failed it with."""
         await self._event.wait()
@@ -158,8 +162,24 @@ class Actor(ABC, Generic[M]):
                 async for message in self._inbox:
                     await self._dispatch(message)
             finally:
+                self._refuse_leftovers()
                 with anyio.CancelScope(shield=True):
                     await self.on_stop()
+
+    def _refuse_leftovers(self) -> None:
+        """Answer every request still in the mailbox when the loop ends (cancelled, or died).
+
+        A requester that waits for its reply however long it takes (a context draining an
+        accepted transfer before it lets go of its storage) must not wait forever.
+        """
+        while True:
+            try:
+                message = self._inbox.receive_nowait()
+            except (anyio.WouldBlock, anyio.EndOfStream, anyio.ClosedResourceError):
+                return
+            reply = getattr(message, "reply", None)
+            if isinstance(reply, Reply):
+                reply.fail(ActorStoppedError(f"actor {self.name} stopped before handling it"))
 
     async def _dispatch(self, message: M) -> None:
         reply = getattr(message, "reply", None)

@@ -185,8 +185,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         except DualbladeError as error:  # a failed I/O belongs to the context that asked
             message.reply.fail(error)
         except BaseException as error:
-            if not isinstance(error, anyio.get_cancelled_exc_class()):
-                message.reply.fail(ActorStoppedError(f"{self.name} failed: {error!r}"))
+            # Cancelled (the store is stopping) or a bug: answer anyway, a requester may be
+            # waiting for the transfer to settle before it releases the storage.
+            message.reply.fail(ActorStoppedError(f"{self.name} stopped: {error!r}"))
             raise
         finally:
             self._slots.release()
