@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,14 +220,20 @@ async def start_runtime(
     tracer: Tracer = NULL_TRACER,
     memory_limit: int | None = None,
     budget_interval: float = 1.0,
+    wrap_direct: Callable[[Target], Target] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open targets and engine, start the actors, yield the runtime, then stop it all.
+
+    ``wrap_direct`` replaces the opened direct target by a wrapper of it (the soak and the
+    fault tests wrap it in a :class:`~dualblade.io_engine.targets.faulty.FaultyTarget`).
 
     Raises:
         ConfigError, TargetError, IoUringUnavailableError: the config cannot run here; the
             message says why.
     """
     direct, first_lba, n_blocks = open_direct_target(config)
+    if wrap_direct is not None:
+        direct = wrap_direct(direct)
     buffers: list[AlignedBuffer] = []
     engine: IOEngine | None = None
     try:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +43,7 @@ from dualblade.actors.strategy_probe import (
     StrategyName,
 )
 from dualblade.errors import DualbladeError
-from dualblade.io_engine import PageCacheFile
+from dualblade.io_engine import PageCacheFile, Target
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.kpu import KpuId, TensorKind
 from dualblade.pipeline.layout import TensorLayout
@@ -69,6 +69,11 @@ class KVShapeError(DualbladeError, ValueError):
 
 class ContextClosedError(DualbladeError):
     """The context was used after it closed."""
+
+
+class LayerLostError(DualbladeError):
+    """A write to the layer failed or was cancelled part-way: its stored rows are a mix of old
+    and new bytes, so reads and appends are refused until the layer is written again."""
 
 
 def _default_device() -> torch.device:
@@ -102,6 +107,7 @@ class KVContext:
         self.direct_layout: TensorLayout = plan.layout
         self.file_layout = TensorLayout(self.max_len, plan.layout.row_bytes, ByteCount(1))
         self._lengths = [0] * self.num_layers
+        self._lost: set[int] = set()  # layers whose last write failed or was cancelled
         self._lba_map: LbaMap | None = None
         self._map_lock = anyio.Lock()
         self._files: dict[KpuId, PageCacheFile] = {}
@@ -125,6 +131,13 @@ class KVContext:
             raise ContextClosedError(f"context {self.id} is closed")
         if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
             raise KVShapeError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
+
+    def _check_intact(self, layer: int) -> None:
+        if layer in self._lost:
+            raise LayerLostError(
+                f"layer {layer} of context {self.id} was being written when that write failed "
+                "or was cancelled; its rows are lost: write the layer again"
+            )
 
     def _normalize(self, name: str, tensor: torch.Tensor, rows: int | None) -> torch.Tensor:
         if not isinstance(tensor, torch.Tensor):
@@ -234,16 +247,32 @@ class KVContext:
     ) -> TransferStats:
         span, view = await self._span(layer, tensor, rows)
         reply: Reply[TransferStats] = Reply()
-        async with self._runtime.pool.lease() as thread:
-            return await thread.ask(Store(source, view, span, reply), reply)
+        return await self._transfer(Store(source, view, span, reply), reply)
 
     async def _load_rows(
         self, layer: int, tensor: TensorKind, rows: RowRange, destination: torch.Tensor
     ) -> TransferStats:
         span, view = await self._span(layer, tensor, rows)
         reply: Reply[TransferStats] = Reply()
+        return await self._transfer(Load(span, view, destination, reply), reply)
+
+    async def _transfer(self, message: Load | Store, reply: Reply[TransferStats]) -> TransferStats:
+        """Hand a transfer to a copy thread and await it.
+
+        Once a copy thread has accepted the transfer it runs to its end, also when this caller
+        is cancelled; so a cancelled caller waits (shielded) for it to settle. Otherwise the
+        context could go on while its old transfer still writes: a cancelled append landing
+        over the next one, or — after :meth:`close` freed the run — over another context's
+        new data.
+        """
         async with self._runtime.pool.lease() as thread:
-            return await thread.ask(Load(span, view, destination, reply), reply)
+            await thread.send(message)
+            try:
+                return await reply.wait()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await reply.settled()
+                raise
 
     async def _both(self, work: Any) -> list[TransferStats]:
         results: list[TransferStats] = []
@@ -260,6 +289,9 @@ class KVContext:
     async def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write rows ``[0, t)`` of a layer's K and V (prefill); ``t`` = ``k.shape[0]``.
 
+        If it fails or is cancelled part-way, the layer is lost (:class:`LayerLostError` on
+        reads and appends) until a later write of it succeeds.
+
         Raises:
             KVShapeError: wrong layer, shape, dtype, or more rows than the config's max length.
         """
@@ -270,16 +302,27 @@ class KVContext:
         if not 0 < rows <= self.max_len:
             raise KVShapeError(f"write of {rows} rows; a context holds 1..{self.max_len} rows")
         span = RowRange(0, rows)
-        await self._both(lambda t: self._store_rows(layer, t, span, k if t == "K" else v))
+        try:
+            await self._both(lambda t: self._store_rows(layer, t, span, k if t == "K" else v))
+        except BaseException:
+            # Some rows may hold new bytes and some old ones; never serve the mix.
+            self._lost.add(layer)
+            raise
+        self._lost.discard(layer)
         self._lengths[layer] = rows
 
     async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
         """Append one row (a decode step's K and V); returns the layer's new length.
 
+        A failed or cancelled append leaves the layer as it was (the row owns its own blocks,
+        and the length only grows once both K and V landed).
+
         Raises:
             KVShapeError: wrong shape, or the context already holds ``max_len`` rows.
+            LayerLostError: an earlier write of the layer failed or was cancelled.
         """
         self._check_layer(layer)
+        self._check_intact(layer)
         k_row = self._normalize("k_row", k_row, 1)
         v_row = self._normalize("v_row", v_row, 1)
         t = self._lengths[layer]
@@ -301,8 +344,10 @@ class KVContext:
 
         Raises:
             KVShapeError: rows outside what was written.
+            LayerLostError: an earlier write of the layer failed or was cancelled.
         """
         self._check_layer(layer)
+        self._check_intact(layer)
         written = self._lengths[layer]
         start, stop = rows if rows is not None else (0, written)
         if not 0 <= start < stop <= written:
@@ -437,6 +482,7 @@ async def open_store(
     device: torch.device | str | None = None,
     tracer: Tracer = NULL_TRACER,
     memory_limit: int | None = None,
+    wrap_direct: Callable[[Target], Target] | None = None,
 ) -> AsyncIterator[KVStore]:
     """Start a store for ``config`` (see the module docstring).
 
@@ -444,9 +490,14 @@ async def open_store(
         device: where read tensors land (default: CUDA when available, else CPU).
         tracer: receives the actors' trace events.
         memory_limit: plan against this limit instead of the discovered one.
+        wrap_direct: wraps the opened direct target (fault injection in tests and the soak).
     """
     resolved = torch.device(device) if device is not None else _default_device()
     async with start_runtime(
-        config, device=resolved, tracer=tracer, memory_limit=memory_limit
+        config,
+        device=resolved,
+        tracer=tracer,
+        memory_limit=memory_limit,
+        wrap_direct=wrap_direct,
     ) as runtime:
         yield KVStore(config, runtime)
