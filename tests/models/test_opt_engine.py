@@ -1,0 +1,207 @@
+"""The OPT engine: the same math as transformers' OPT, a KV cache that really decides the tokens,
+the next layer's read in flight during the current layer's compute, and clear refusals."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from dualblade.errors import ConfigError
+from dualblade.models.architecture import OptArchitecture
+from dualblade.models.checkpoint import save_checkpoint
+from dualblade.models.kv import MemoryKV, MemoryKVContext, MemoryKVError
+from dualblade.models.opt import OptModel
+from dualblade.models.weights import random_weights
+
+pytestmark = pytest.mark.anyio
+
+
+def memory_kv(model: OptModel, batch: int, max_len: int, dtype: torch.dtype) -> MemoryKV:
+    arch = model.arch
+    return MemoryKV(
+        layers=arch.num_layers, batch=batch, max_len=max_len, width=arch.hidden_size, dtype=dtype
+    )
+
+
+def prompts(batch: int, length: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+# -- the same model as transformers' ----------------------------------------------------------
+POST_LN = OptArchitecture(
+    name="opt-350m-like",
+    num_layers=3,
+    hidden_size=64,
+    num_heads=4,
+    ffn_dim=96,
+    vocab_size=300,
+    max_positions=64,
+    layer_norm_before=False,
+    word_embed_dim=32,
+    kv_dtype="float32",
+)
+
+
+@pytest.mark.parametrize(
+    "arch",
+    [
+        dataclasses.replace(OptArchitecture.from_preset("opt-tiny"), kv_dtype="float32"),
+        POST_LN,
+    ],
+    ids=["pre-ln", "post-ln-projected"],
+)
+async def test_matches_transformers_opt(arch: OptArchitecture, tmp_path: Path) -> None:
+    """Greedy ids equal OPTForCausalLM's on the same checkpoint (float32 KV: no rounding)."""
+    transformers = pytest.importorskip("transformers")
+    weights = random_weights(arch, seed=3)
+    save_checkpoint(weights, tmp_path)
+    hf = transformers.OPTForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    hf.generation_config.eos_token_id = None  # a random model may emit id 2: do not stop there
+    ids = prompts(2, 16, arch.vocab_size)
+    with torch.inference_mode():
+        expected = hf.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=1)[:, 16:]
+
+    model = OptModel(weights)
+    result = await model.generate(ids, 8, memory_kv(model, 2, 24, torch.float32))
+
+    assert result.tokens.tolist() == expected.tolist()
+    assert len({t for row in result.tokens.tolist() for t in row}) >= 4  # not one repeated id
+
+
+# -- the cache decides the tokens -------------------------------------------------------------
+class _Perturbed(MemoryKVContext):
+    """Reads layer 2's V back slightly wrong: what a store returning wrong bytes would do."""
+
+    async def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = await super().read(layer)
+        return (k, v + 0.05) if layer == 2 else (k, v)
+
+
+class _PerturbedKV(MemoryKV):
+    @contextlib.asynccontextmanager
+    async def context(self) -> AsyncIterator[MemoryKVContext]:  # type: ignore[override]
+        yield _Perturbed(4, 4, 80, 64, torch.float16, torch.device("cpu"))
+
+
+async def test_tokens_depend_on_the_cached_kv(opt_tiny: OptModel) -> None:
+    ids = prompts(4, 64, opt_tiny.arch.vocab_size)
+    good = await opt_tiny.generate(ids, 16, memory_kv(opt_tiny, 4, 80, torch.float16))
+    again = await opt_tiny.generate(ids, 16, memory_kv(opt_tiny, 4, 80, torch.float16))
+    bad = await opt_tiny.generate(ids, 16, _PerturbedKV(**_kv_args()))
+    assert torch.equal(good.tokens, again.tokens)
+    assert good.tokens[:, 0].tolist() == bad.tokens[:, 0].tolist()  # prefill reads no cache
+    assert not torch.equal(good.tokens, bad.tokens)
+
+
+def _kv_args() -> dict[str, Any]:
+    return {"layers": 4, "batch": 4, "max_len": 80, "width": 64, "dtype": torch.float16}
+
+
+# -- the layer loop ---------------------------------------------------------------------------
+class _Recording(MemoryKVContext):
+    def __init__(self, log: list[str], *args: Any) -> None:
+        super().__init__(*args)
+        self.log = log
+
+    async def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.log.append(f"write {layer}")
+        await super().write(layer, k, v)
+
+    async def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.log.append(f"read {layer}")
+        return await super().read(layer)
+
+    async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
+        self.log.append(f"append {layer}")
+        return await super().append(layer, k_row, v_row)
+
+
+class _RecordingKV(MemoryKV):
+    def __init__(self) -> None:
+        super().__init__(**_kv_args())
+        self.log: list[str] = []
+
+    @contextlib.asynccontextmanager
+    async def context(self) -> AsyncIterator[MemoryKVContext]:  # type: ignore[override]
+        yield _Recording(self.log, 4, 4, 80, 64, torch.float16, torch.device("cpu"))
+
+    @contextlib.asynccontextmanager
+    async def iteration(self) -> AsyncIterator[None]:
+        self.log.append("step")
+        async with super().iteration():
+            yield
+
+
+async def test_prefill_writes_then_each_step_prefetches_the_next_layer(opt_tiny: OptModel) -> None:
+    kv = _RecordingKV()
+    await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
+    log = kv.log
+    assert sorted(log[:4]) == [f"write {i}" for i in range(4)]
+    steps = [i for i, event in enumerate(log) if event == "step"]
+    assert len(steps) == 2  # 3 tokens: one from prefill, two decode steps
+    for start, stop in zip(steps, [*steps[1:], len(log)], strict=True):
+        step = log[start + 1 : stop]
+        assert sorted(e for e in step if e.startswith("read")) == [f"read {i}" for i in range(4)]
+        assert sorted(e for e in step if e.startswith("append")) == [
+            f"append {i}" for i in range(4)
+        ]
+        for layer in range(3):
+            # layer + 1's read is issued before layer's compute ends (its append follows it)
+            assert step.index(f"read {layer + 1}") < step.index(f"append {layer}")
+    assert kv.steps == 2
+    assert kv.open_contexts == 0
+
+
+async def test_stream_yields_the_generated_tokens_step_by_step(opt_tiny: OptModel) -> None:
+    ids = prompts(4, 64, 1024)
+    whole = await opt_tiny.generate(ids, 5, memory_kv(opt_tiny, 4, 69, torch.float16))
+    kv = memory_kv(opt_tiny, 4, 69, torch.float16)
+    async with contextlib.aclosing(opt_tiny.stream(ids, 5, kv)) as stream:
+        steps = [token async for token in stream]
+    assert torch.equal(torch.stack(steps, dim=1), whole.tokens)
+    assert kv.open_contexts == 0
+    assert len(whole.decode_step_s) == 4
+    assert whole.prefill_s > 0
+    assert whole.tokens_per_s > 0
+
+
+async def test_closing_a_stream_early_releases_its_context(opt_tiny: OptModel) -> None:
+    kv = memory_kv(opt_tiny, 4, 72, torch.float16)
+    async with contextlib.aclosing(opt_tiny.stream(prompts(4, 64, 1024), 8, kv)) as stream:
+        async for _ in stream:
+            assert kv.open_contexts == 1
+            break
+    assert kv.open_contexts == 0
+
+
+# -- refusals ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("ids", "gen_len", "match"),
+    [
+        (torch.zeros(4, 64, dtype=torch.int64), 0, "gen_len must be at least 1"),
+        (torch.zeros(64, dtype=torch.int64), 1, r"\[batch, seq\]"),
+        (torch.full((4, 64), 1024), 1, r"lie in \[0, 1024\)"),
+        (torch.zeros(4, 8, dtype=torch.float32), 1, "integers"),
+        (torch.zeros(1, 500, dtype=torch.int64), 13, "exceeds opt-tiny's 512 positions"),
+    ],
+)
+async def test_bad_requests_are_refused(
+    opt_tiny: OptModel, ids: torch.Tensor, gen_len: int, match: str
+) -> None:
+    kv = memory_kv(opt_tiny, 4, 72, torch.float16)
+    with pytest.raises(ConfigError, match=match):
+        await opt_tiny.generate(ids, gen_len, kv)
+    assert kv.open_contexts == 0
+
+
+async def test_a_cache_of_another_shape_is_refused(opt_tiny: OptModel) -> None:
+    kv = memory_kv(opt_tiny, 2, 72, torch.float16)  # batch 2, the prompt has 4
+    with pytest.raises(MemoryKVError, match=r"holds torch\.float16"):
+        await opt_tiny.generate(prompts(4, 64, 1024), 2, kv)
+    assert kv.open_contexts == 0
