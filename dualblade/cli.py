@@ -26,6 +26,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "iobench",
     "config",
     "plan",
+    "bench",
 )
 
 

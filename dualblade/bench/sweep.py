@@ -1,0 +1,245 @@
+"""The memory-limit sweep: every (policy, limit) run in its own memory cgroup, interleaved.
+
+For each repeat and each limit (ascending) the sweep first measures the two reference
+bandwidths (:mod:`dualblade.bench.bandwidth`), then runs each policy once, in an order rotated
+from limit to limit and repeat to repeat so that the disk's drift hits every policy alike. Each
+run:
+
+1. gets a fresh memory cgroup limited to the limit under test;
+2. starts from a cold page cache (``sync`` + ``drop_caches`` as root; otherwise
+   ``fadvise(DONTNEED)`` of the sweep's files);
+3. is a separate process (:mod:`dualblade.bench.sweep_worker`) that joins the group before it
+   imports torch, opens a store whose budgeter discovers the limit, and runs the KV workload.
+
+A run that fails (the kernel's OOM killer, an error) is recorded with its reason; the sweep goes
+on. Records of repeated runs are reduced to their medians.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dualblade.bench.bandwidth import BandwidthProbe
+from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
+from dualblade.errors import ConfigError, DualbladeError
+
+#: How long one run may take before it is killed (the paper preset's runs take minutes).
+RUN_TIMEOUT_S = 3600.0
+
+
+@dataclass
+class SweepPlan:
+    """What to run: a validated pipeline mapping plus the sweep's own knobs."""
+
+    pipeline: dict[str, Any]
+    limits: list[int]
+    policies: list[str]
+    decode_steps: int
+    repeats: int
+    work_dir: Path
+    device: str | None = None
+    verify: str = "sample"
+    bandwidth_bytes: int = 1 << 30
+    keep_files: bool = False
+    label: str = "custom"
+    extra_meta: dict[str, Any] = field(default_factory=dict)
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def _noop(_label: str, _done: int, _total: int) -> None:
+    return None
+
+
+def drop_caches(paths: list[Path]) -> str:
+    """Make the next run start cold; returns how."""
+    if os.geteuid() == 0:
+        try:
+            os.sync()
+            Path("/proc/sys/vm/drop_caches").write_text("3\n")
+            return "drop_caches"
+        except OSError:
+            pass
+    for root in paths:
+        for path in [root] if root.is_file() else root.rglob("*"):
+            if path.is_file():
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    os.fdatasync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+    return "fadvise"
+
+
+def run_order(policies: list[str], limits: list[int], repeats: int) -> list[tuple[int, int, str]]:
+    """``(repeat, limit, policy)`` in run order: limits ascending, policies rotated by one at
+    every limit and repeat so each policy runs first, second, ... equally often."""
+    order: list[tuple[int, int, str]] = []
+    turn = 0
+    for repeat in range(repeats):
+        for limit in sorted(limits):
+            rotated = policies[turn % len(policies) :] + policies[: turn % len(policies)]
+            order.extend((repeat, limit, policy) for policy in rotated)
+            turn += 1
+    return order
+
+
+def _oom_kills(group: MemoryCgroup) -> int:
+    name = "memory.events" if group.version == "v2" else "memory.oom_control"
+    try:
+        for line in (group.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class Sweep:
+    """Runs a :class:`SweepPlan` and returns the raw run records."""
+
+    def __init__(self, plan: SweepPlan, progress: ProgressFn = _noop) -> None:
+        self.plan = plan
+        self.progress = progress
+        self.page_cache_dir = plan.work_dir / "page-cache"
+        self.direct_path = plan.work_dir / "direct.kv"
+        self.bandwidth: list[dict[str, float]] = []
+
+    def pipeline_for(self, policy: str) -> dict[str, Any]:
+        """The run's pipeline mapping: the plan's, with the policy and the sweep's storage."""
+        data: dict[str, Any] = json.loads(json.dumps(self.plan.pipeline))
+        data["policy"] = policy
+        storage = data.setdefault("storage", {})
+        storage.setdefault("page_cache_dir", str(self.page_cache_dir))
+        storage.setdefault("direct", {"kind": "file", "path": str(self.direct_path)})
+        return data
+
+    def device_path(self, pipeline: dict[str, Any]) -> str:
+        direct = pipeline["storage"]["direct"]
+        path = Path(direct.get("path", self.direct_path))
+        return str(path if path.exists() else path.parent)
+
+    def run(self) -> list[dict[str, Any]]:
+        plan = self.plan
+        plan.work_dir.mkdir(parents=True, exist_ok=True)
+        probe = BandwidthProbe(
+            plan.work_dir / "bandwidth.dat",
+            plan.bandwidth_bytes,
+            int(plan.pipeline.get("queue_depth", 32)),
+            1 << 20,
+        )
+        order = run_order(plan.policies, plan.limits, plan.repeats)
+        records: list[dict[str, Any]] = []
+        measured_for: set[tuple[int, int]] = set()
+        try:
+            for index, (repeat, limit, policy) in enumerate(order):
+                if (repeat, limit) not in measured_for:
+                    measured_for.add((repeat, limit))
+                    rates = probe.measure()
+                    self.bandwidth.append(
+                        {"direct_read": rates.direct_read, "cached_read": rates.cached_read}
+                    )
+                self.progress(f"{policy}@{limit >> 20}MiB", index, len(order))
+                record = self._one(index, repeat, limit, policy)
+                records.append(record)
+            self.progress("done", len(order), len(order))
+        finally:
+            probe.remove()
+            if not plan.keep_files:
+                shutil.rmtree(self.page_cache_dir, ignore_errors=True)
+                if self.direct_path.exists():
+                    self.direct_path.unlink()
+        return records
+
+    def _one(self, index: int, repeat: int, limit: int, policy: str) -> dict[str, Any]:
+        plan = self.plan
+        pipeline = self.pipeline_for(policy)
+        run_dir = plan.work_dir / "runs"
+        run_dir.mkdir(exist_ok=True)
+        out = run_dir / f"{index:03d}-{policy}-{limit}.json"
+        spec_path = run_dir / f"{index:03d}-spec.json"
+        group = create_memory_cgroup(f"dualblade-bench-{os.getpid()}-{index}", limit)
+        spec = {
+            "config": pipeline,
+            "decode_steps": plan.decode_steps,
+            "cgroup_procs": str(group.path / "cgroup.procs"),
+            "device": plan.device,
+            "device_path": self.device_path(pipeline),
+            "verify": plan.verify,
+            "out": str(out),
+            "seed": index,
+        }
+        spec_path.write_text(json.dumps(spec))
+        how = drop_caches([self.page_cache_dir, self.direct_path])
+        started = time.perf_counter()
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-m", "dualblade.bench.sweep_worker", str(spec_path)],
+                capture_output=True,
+                text=True,
+                timeout=RUN_TIMEOUT_S,
+                check=False,
+            )
+            wall = time.perf_counter() - started
+            oom = _oom_kills(group)
+            peak = group.peak_bytes()
+        finally:
+            group.remove()
+        record: dict[str, Any] = {
+            "policy": policy,
+            "limit_bytes": limit,
+            "repeat": repeat,
+            "wall_s": round(wall, 3),
+            "cache_drop": how,
+            "cgroup_peak_bytes": peak,
+        }
+        if out.exists():
+            record.update(json.loads(out.read_text()))
+        if completed.returncode != 0 and "error" not in record:
+            reason = "killed by the OOM killer" if oom else f"exit status {completed.returncode}"
+            tail = completed.stderr.strip().splitlines()[-5:]
+            record["error"] = f"{reason}: {' | '.join(tail)}"
+        return record
+
+
+def reference_bandwidths(samples: list[dict[str, float]]) -> tuple[float, float]:
+    """Median O_DIRECT and cached read rates of a sweep's measurements."""
+    if not samples:
+        raise DualbladeError("the sweep measured no bandwidth")
+    return (
+        statistics.median(s["direct_read"] for s in samples),
+        statistics.median(s["cached_read"] for s in samples),
+    )
+
+
+def check_plan(plan: SweepPlan) -> None:
+    """Refuse a sweep that cannot mean anything before a minute is spent on it.
+
+    Raises:
+        ConfigError: no limits or policies, an unknown policy, no decode step.
+    """
+    known = {"baseline", "cache-policy", "direct", "dual", "page-cache"}
+    if not plan.limits:
+        raise ConfigError("--memory-limits: give at least one limit")
+    if not plan.policies:
+        raise ConfigError("--policies: give at least one policy")
+    unknown = [p for p in plan.policies if p not in known]
+    if unknown:
+        raise ConfigError(f"unknown policies {unknown} (known: {', '.join(sorted(known))})")
+    if plan.decode_steps < 1:
+        raise ConfigError("the sweep needs at least one decode step")
+    if plan.repeats < 1:
+        raise ConfigError("--repeats must be at least 1")

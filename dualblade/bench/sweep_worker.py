@@ -1,0 +1,211 @@
+"""One (policy, limit) run of the sweep, in a process of its own inside its memory cgroup.
+
+Run as ``python -m dualblade.bench.sweep_worker SPEC.json``; the spec names the cgroup, the
+pipeline config (a mapping), the policy, the steps and where to write the result. The process
+joins the cgroup *first*, before torch is imported, so that everything it maps or caches from then
+on is charged to the limit under test. The budgeter then discovers that limit like any user's
+process would: nothing is told the limit but the kernel.
+
+The result JSON holds the workload's latencies, the path split, hit rates, the device's activity
+per phase (``/sys/block/*/stat``), request-level metrics from the ring's submission log, the read
+throughput sampled every 100 ms through decode, the strategy per step and the cgroup's peak.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+THROUGHPUT_INTERVAL = 0.1
+
+
+def _join_cgroup(spec: dict[str, Any]) -> None:
+    procs = spec.get("cgroup_procs")
+    if procs:
+        Path(procs).write_text(str(os.getpid()))
+
+
+async def _sample_reads(store: Any, samples: list[tuple[float, int]]) -> None:
+    import time
+
+    import anyio
+
+    while True:
+        snapshot = store.runtime.counters.snapshot()
+        samples.append((time.perf_counter(), sum(snapshot["read_bytes"].values())))
+        await anyio.sleep(THROUGHPUT_INTERVAL)
+
+
+def _timeline(samples: list[tuple[float, int]], start: float, end: float) -> list[list[float]]:
+    """``[seconds since decode start, read bytes/s]`` per sampling interval within decode."""
+    out = []
+    inside = [s for s in samples if start <= s[0] <= end]
+    for (t0, b0), (t1, b1) in itertools.pairwise(inside):
+        if t1 > t0:
+            out.append([round(t1 - start, 3), round((b1 - b0) / (t1 - t0))])
+    return out
+
+
+async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run the spec's workload and gather every metric of the run."""
+    import anyio
+
+    from dualblade.bench.disk_stats import DiskSnapshot, activity, read_snapshot, stat_file_for
+    from dualblade.bench.request_log import (
+        RequestLog,
+        latency_percentiles,
+        queue_depth_bins,
+        sequentiality,
+    )
+    from dualblade.bench.sweep_workload import derive_kv, run_sweep_workload
+    from dualblade.pipeline import config_from_mapping
+    from dualblade.pipeline.store import open_store
+
+    config = config_from_mapping(spec["config"], source="bench spec", env={})
+    stat_file = stat_file_for(spec["device_path"]) if spec.get("device_path") else None
+    data = derive_kv(config, spec.get("seed", 0))
+    log = RequestLog()
+    samples: list[tuple[float, int]] = []
+    async with open_store(config, device=spec.get("device")) as store:
+        store.runtime.engine.observe_chunks(log)
+        disk: dict[str, DiskSnapshot] = {}
+        counters: dict[str, dict[str, Any]] = {}
+
+        def on_phase(mark: str) -> None:
+            counters[mark] = {
+                **store.runtime.counters.snapshot(),
+                "storage_read_bytes": _storage_read_bytes(),
+            }
+            if stat_file is not None:
+                disk[mark] = read_snapshot(stat_file)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(_sample_reads, store, samples)
+            result = await run_sweep_workload(
+                store,
+                decode_steps=spec["decode_steps"],
+                data=data,
+                verify=spec.get("verify", "sample"),
+                on_phase=on_phase,
+            )
+            tg.cancel_scope.cancel()
+        metrics = store.metrics()
+        placement = store.plan.placement
+        budget = store.plan.budget.to_dict()
+    clock = result.clock
+    decode_log = log.records(clock.decode_start, clock.decode_end)
+    prefill_log = log.records(clock.prefill_start, clock.prefill_end)
+    window = config.copy_threads
+    report: dict[str, Any] = {
+        "policy": config.policy,
+        "prefill_s": result.prefill_s,
+        "decode_s": result.decode_s,
+        "decode_step_s": result.decode_step_s,
+        "strategy": metrics["strategy"],
+        "strategies_by_step": result.strategies,
+        "verified_bytes": result.verified_bytes,
+        "page_cache_budget_bytes": metrics["page_cache_budget_bytes"],
+        "budget": budget,
+        "path_split": {
+            "page_cache_layers": list(placement.page_cache),
+            "direct_layers": list(placement.direct),
+            "page_cache_bytes": placement.page_cache_bytes,
+            "direct_bytes": placement.direct_bytes,
+        },
+        "requests": {
+            "prefill": {
+                "count": len(prefill_log),
+                "latency": latency_percentiles(prefill_log),
+                "sequentiality": sequentiality(prefill_log, window),
+            },
+            "decode": {
+                "count": len(decode_log),
+                "latency": latency_percentiles(decode_log),
+                "sequentiality": sequentiality(decode_log, window),
+                "by_queue_depth": queue_depth_bins(decode_log),
+            },
+        },
+        "decode_throughput": _timeline(samples, clock.decode_start, clock.decode_end),
+        "decode_step_ends_s": [round(t - clock.decode_start, 3) for t in clock.step_ends],
+    }
+    report.update(_phase_bytes(counters))
+    if disk:
+        report["disk"] = {
+            phase: activity(disk[f"{phase}_start"], disk[f"{phase}_end"]).to_dict()
+            for phase in ("prefill", "decode")
+        }
+    return report
+
+
+def _storage_read_bytes() -> int:
+    """Bytes this process (all its threads, io_uring's workers included) made the kernel fetch
+    from storage: ``read_bytes`` of ``/proc/self/io``. Page-cache hits add nothing to it."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key == "read_bytes":
+            return int(value)
+    return 0
+
+
+def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Bytes read per path during decode and the hit rates.
+
+    ``hit_rate`` is the share of all KV bytes read during decode that were served from the page
+    cache: bytes requested through the page-cache (or mmap) path minus the bytes the kernel had
+    to fetch for them from storage — what the process read from storage (``/proc/self/io``)
+    beyond its own O_DIRECT reads — over all KV bytes read; direct reads are never hits. Pages
+    that readahead fetched count as misses, as in ``cachestat``. ``page_cache_path_hit_rate`` is
+    the same over the page-cache path's bytes alone, and ``resident_at_request_rate`` the share
+    of them that ``mincore`` found resident just before each read (readahead triggered by the
+    previous piece makes that one higher).
+    """
+    before, at_decode, after = marks["prefill_start"], marks["decode_start"], marks["decode_end"]
+    reads = {
+        path: after["read_bytes"].get(path, 0) - at_decode["read_bytes"].get(path, 0)
+        for path in after["read_bytes"]
+    }
+    total = sum(reads.values())
+    cached_path = total - reads.get("direct", 0)
+    fetched = after["storage_read_bytes"] - at_decode["storage_read_bytes"]
+    missed = min(cached_path, max(0, fetched - reads.get("direct", 0)))
+    resident = after["cache_hit_bytes"] - at_decode["cache_hit_bytes"]
+    looked_up = after["cache_lookup_bytes"] - at_decode["cache_lookup_bytes"]
+    written = {
+        path: at_decode["write_bytes"].get(path, 0) - before["write_bytes"].get(path, 0)
+        for path in at_decode["write_bytes"]
+    }
+    return {
+        "decode_read_bytes": reads,
+        "prefill_write_bytes": written,
+        "hit_rate": (cached_path - missed) / total if total else 0.0,
+        "page_cache_path_hit_rate": (cached_path - missed) / cached_path if cached_path else None,
+        "resident_at_request_rate": resident / looked_up if looked_up else None,
+        "decode_storage_read_bytes": fetched,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m dualblade.bench.sweep_worker SPEC.json``."""
+    args = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(args[0]).read_text())
+    _join_cgroup(spec)
+    import anyio
+
+    from dualblade.errors import DualbladeError
+
+    try:
+        report = anyio.run(run_spec, spec)
+    except DualbladeError as error:
+        report = {"error": f"{type(error).__name__}: {error}"}
+        Path(spec["out"]).write_text(json.dumps(report))
+        return 1
+    Path(spec["out"]).write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

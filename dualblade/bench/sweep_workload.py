@@ -1,0 +1,250 @@
+"""The KV traffic of one sweep run, sized for working sets larger than memory.
+
+:mod:`dualblade.bench.kv_workload` keeps every tensor it wrote to check reads byte for byte; a
+sweep run cannot, because its KV working set is by design larger than the memory limit the run is
+under. Here the data are *derived* instead of stored: layer ``l``'s prompt rows are a random base
+tensor with every element's bits XOR-ed with ``l + 1``, and the row appended at decode step ``s``
+is a random row XOR-ed with a code of ``(l, s)``. So any row of any layer can be recomputed, and
+each read is checked on a sample of rows (the first, every 61st, the last prompt row, and every
+appended row) inside the timed loop, cheaply; ``verify="full"`` recomputes and compares every row.
+
+The access order is FlexLLMGen's: prefill writes layer after layer; each decode step walks the
+layers in order, reading layer ``l``'s K and V while up to ``copy_threads - 1`` following layers
+are already being fetched, then appends the step's row.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+import torch
+
+from dualblade.actors._base import plain_errors
+from dualblade.bench.kv_workload import VerificationError
+from dualblade.pipeline.config import PipelineConfig
+from dualblade.pipeline.store import KVContext, KVStore
+
+Verify = Literal["sample", "full"]
+
+_INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+#: Stride between the prompt rows checked in sample mode (prime: it walks across LBA boundaries).
+SAMPLE_STRIDE = 61
+
+
+@dataclass
+class PhaseClock:
+    """Wall-clock marks a caller can line other measurements up with."""
+
+    prefill_start: float = 0.0
+    prefill_end: float = 0.0
+    decode_start: float = 0.0
+    decode_end: float = 0.0
+    step_ends: list[float] = field(default_factory=list)
+
+
+@dataclass
+class SweepWorkloadResult:
+    """Latencies and what was checked."""
+
+    prefill_s: float
+    decode_s: float
+    decode_step_s: list[float]
+    strategies: list[str]
+    verified_bytes: int
+    clock: PhaseClock
+
+
+class DerivedKV:
+    """Recomputable K/V content of every layer and step (see the module docstring)."""
+
+    def __init__(self, prompt: int, batch: int, width: int, dtype: str, seed: int) -> None:
+        self.prompt = prompt
+        self.dtype = _DTYPES[dtype]
+        self.int_dtype = _INT_OF_SIZE[torch.empty((), dtype=self.dtype).element_size()]
+        generator = torch.Generator().manual_seed(seed)
+
+        def base(rows: int) -> torch.Tensor:
+            data = torch.randn((rows, batch, width), generator=generator)
+            return data.to(self.dtype).view(self.int_dtype)
+
+        self.base = {"K": base(prompt), "V": base(prompt)}
+        self.row_base = {"K": base(1), "V": base(1)}
+
+    def _code(self, layer: int, step: int | None) -> int:
+        # Prompt rows: layer + 1 (1..L); appended rows: a different value for every (layer, step).
+        return layer + 1 if step is None else 0x55 + 7 * (layer + 1) + 131 * (step + 1)
+
+    def prompt_rows(
+        self, kind: str, layer: int, rows: slice | list[int] | None = None
+    ) -> torch.Tensor:
+        """The prompt rows (all, or those selected) of ``kind`` for ``layer``."""
+        base = self.base[kind] if rows is None else self.base[kind][rows]
+        return torch.bitwise_xor(base, self._code(layer, None)).view(self.dtype)
+
+    def appended_row(self, kind: str, layer: int, step: int) -> torch.Tensor:
+        """The row decode step ``step`` appends to ``layer``."""
+        return torch.bitwise_xor(self.row_base[kind], self._code(layer, step)).view(self.dtype)
+
+    def check(self, kind: str, layer: int, read: torch.Tensor, verify: Verify) -> int:
+        """Compare a read of rows ``[0, len(read))`` with what was written; returns the bytes
+        compared.
+
+        Raises:
+            VerificationError: a checked row differs.
+        """
+        rows = read.shape[0]
+        read = read.cpu()
+        prompt_rows = min(rows, self.prompt)
+        if verify == "full":
+            picked = list(range(prompt_rows))
+        else:
+            picked = sorted({0, prompt_rows - 1, *range(0, prompt_rows, SAMPLE_STRIDE)})
+        checked = 0
+        expected = self.prompt_rows(kind, layer, picked)
+        got = read[picked]
+        if not torch.equal(got.view(self.int_dtype), expected.view(self.int_dtype)):
+            raise VerificationError(f"layer {layer} {kind}: a prompt row read back wrong")
+        checked += got.numel() * got.element_size()
+        for step, row in enumerate(range(self.prompt, rows)):
+            want = self.appended_row(kind, layer, step)
+            if not torch.equal(read[row : row + 1].view(self.int_dtype), want.view(self.int_dtype)):
+                raise VerificationError(f"layer {layer} {kind}: appended row {row} read back wrong")
+            checked += want.numel() * want.element_size()
+        return checked
+
+
+def derive_kv(config: PipelineConfig, seed: int) -> DerivedKV:
+    """The derived content for ``config``'s shape and workload."""
+    shape = config.shape()
+    workload = config.workload
+    return DerivedKV(workload.prompt_len, workload.batch, shape.kv_width, shape.dtype, seed)
+
+
+ProgressFn = Callable[[str, int, int], None]
+PhaseFn = Callable[[str], None]
+
+
+def _noop(_phase: str, _done: int, _total: int) -> None:
+    return None
+
+
+def _no_mark(_mark: str) -> None:
+    return None
+
+
+async def run_sweep_workload(
+    store: KVStore,
+    *,
+    decode_steps: int,
+    data: DerivedKV | None = None,
+    seed: int = 0,
+    verify: Verify = "sample",
+    progress: ProgressFn = _noop,
+    on_phase: PhaseFn = _no_mark,
+) -> SweepWorkloadResult:
+    """Prefill then ``decode_steps`` steps of one context; every read is checked.
+
+    ``data`` is the content to write (made from ``seed`` when not given). A caller that runs
+    under a memory limit makes it *before* opening the store, as an application loads its model
+    first: the budgeter then counts it as memory in use, not as room for the page cache.
+
+    ``on_phase`` is called with ``prefill_start``, ``prefill_end``, ``decode_start`` and
+    ``decode_end`` so the caller can snapshot counters exactly at the phase boundaries.
+    """
+    config = store.config
+    shape = config.shape()
+    layers = shape.num_layers
+    if data is None:
+        data = derive_kv(store.config, seed)
+    device = store.device
+    clock = PhaseClock()
+    verified = 0
+    async with store.context() as ctx:
+        # Prefill: only the writes are timed; deriving a layer's tensors is not the pipeline's
+        # cost (a model's compute would stand there).
+        prefill_s = 0.0
+        on_phase("prefill_start")
+        clock.prefill_start = time.perf_counter()
+        for layer in range(layers):
+            k = data.prompt_rows("K", layer).to(device)
+            v = data.prompt_rows("V", layer).to(device)
+            start = time.perf_counter()
+            await ctx.write(layer, k, v)
+            prefill_s += time.perf_counter() - start
+            del k, v
+            progress("prefill", layer + 1, layers)
+        clock.prefill_end = time.perf_counter()
+        on_phase("prefill_end")
+
+        step_s: list[float] = []
+        strategies: list[str] = []
+        rows = [
+            [
+                (
+                    data.appended_row("K", layer, s).to(device),
+                    data.appended_row("V", layer, s).to(device),
+                )
+                for layer in range(layers)
+            ]
+            for s in range(decode_steps)
+        ]
+        on_phase("decode_start")
+        clock.decode_start = time.perf_counter()
+        for step in range(decode_steps):
+            start = time.perf_counter()
+            async with store.iteration() as strategy:
+                verified += await _decode_step(
+                    ctx, data, rows[step], store.config.copy_threads, verify
+                )
+            step_s.append(time.perf_counter() - start)
+            clock.step_ends.append(time.perf_counter())
+            strategies.append(strategy)
+            progress("decode", step + 1, decode_steps)
+        clock.decode_end = time.perf_counter()
+        on_phase("decode_end")
+    return SweepWorkloadResult(prefill_s, sum(step_s), step_s, strategies, verified, clock)
+
+
+async def _decode_step(
+    ctx: KVContext,
+    data: DerivedKV,
+    new_rows: list[tuple[torch.Tensor, torch.Tensor]],
+    prefetch: int,
+    verify: Verify,
+) -> int:
+    """One decode step in layer order with ``prefetch`` layers' reads in flight."""
+    layers = len(new_rows)
+    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    ready = [anyio.Event() for _ in range(layers)]
+    slots = anyio.Semaphore(max(1, prefetch))
+    checked = 0
+
+    async def fetch(layer: int) -> None:
+        results[layer] = await ctx.read(layer)
+        ready[layer].set()
+
+    with plain_errors():
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                for layer in range(layers):
+                    await slots.acquire()
+                    tg.start_soon(fetch, layer)
+
+            tg.start_soon(reader)
+            for layer in range(layers):
+                await ready[layer].wait()
+                k, v = results.pop(layer)
+                checked += data.check("K", layer, k, verify)
+                checked += data.check("V", layer, v, verify)
+                del k, v
+                k_row, v_row = new_rows[layer]
+                await ctx.append(layer, k_row, v_row)
+                slots.release()
+    return checked

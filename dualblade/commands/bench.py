@@ -1,0 +1,172 @@
+"""``dualblade bench``: the paper's experiment — policies × memory limits, each in a cgroup.
+
+Writes ``DIR/results.json``, ``DIR/results.md`` and PNG plots; see ``docs/bench.md`` for what
+is measured and how.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+from pathlib import Path
+from typing import Any
+
+from dualblade.commands._output import print_json
+from dualblade.commands._progress import ProgressBar
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "bench", help="sweep policies over memory limits (each run in its own memory cgroup)"
+    )
+    parser.add_argument("config", nargs="?", help="pipeline config (TOML/YAML) to sweep")
+    parser.add_argument("--preset", help="quick, paper or long-context (default: quick)")
+    parser.add_argument("--memory-limits", help="comma-separated limits, e.g. 1GiB,2GiB")
+    parser.add_argument("--policies", help="comma-separated: baseline,cache-policy,direct,dual")
+    parser.add_argument("--steps", type=int, help="decode steps per run")
+    parser.add_argument("--repeats", type=int, help="runs per (policy, limit); medians reported")
+    parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
+    parser.add_argument(
+        "--work-dir", type=Path, help="where the runs' files go (default: the cache dir)"
+    )
+    parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
+    parser.add_argument(
+        "--verify",
+        choices=("sample", "full"),
+        default="sample",
+        help="how much of each read to check",
+    )
+    parser.add_argument("--keep-files", action="store_true", help="keep the runs' KV files")
+    parser.add_argument("--json", action="store_true", help="print results.json to stdout")
+    parser.set_defaults(func=bench)
+
+
+def _plan(args: argparse.Namespace) -> tuple[Any, str]:
+    from dualblade.bench.presets import get_bench_preset
+    from dualblade.bench.sweep import SweepPlan, check_plan
+    from dualblade.errors import ConfigError
+    from dualblade.pipeline import default_cache_dir, load_config, parse_size
+
+    if args.config and args.preset:
+        raise ConfigError("give a config file or --preset, not both")
+    preset = get_bench_preset(args.preset or "quick")
+    if args.config:
+        pipeline = load_config(args.config).model_dump(mode="json", exclude_none=True)
+        label = str(args.config)
+        limits: list[int] = []
+        steps = None
+    else:
+        pipeline = json.loads(json.dumps(preset.pipeline))
+        label = f"preset {preset.name}"
+        limits = list(preset.limits)
+        steps = preset.decode_steps
+    if args.memory_limits:
+        limits = [parse_size(part) for part in args.memory_limits.split(",") if part.strip()]
+    policies = (
+        [p.strip() for p in args.policies.split(",") if p.strip()]
+        if args.policies
+        else list(preset.policies)
+    )
+    max_new = int(pipeline["workload"]["max_new_tokens"])
+    plan = SweepPlan(
+        pipeline=pipeline,
+        limits=limits,
+        policies=policies,
+        decode_steps=args.steps or steps or max_new,
+        repeats=args.repeats or preset.repeats,
+        work_dir=args.work_dir or default_cache_dir() / "bench",
+        device=args.device,
+        verify=args.verify,
+        keep_files=args.keep_files,
+        label=label,
+    )
+    check_plan(plan)
+    if plan.decode_steps > max_new:
+        raise ConfigError(
+            f"--steps {plan.decode_steps} exceeds workload.max_new_tokens ({max_new})"
+        )
+    return plan, label
+
+
+def bench(args: argparse.Namespace) -> int:
+    from dualblade.bench.cgroups import CgroupError, can_create_memory_cgroups
+    from dualblade.bench.plots import write_plots
+    from dualblade.bench.sweep import Sweep, reference_bandwidths
+    from dualblade.bench.sweep_report import aggregate, evaluate_claims, markdown_table
+    from dualblade.pipeline import config_from_mapping
+
+    plan, label = _plan(args)
+    probe_config = Sweep(plan).pipeline_for(plan.policies[0])
+    config = config_from_mapping(probe_config, source=label, env={})
+    shape = config.shape()
+    working_set = int(shape.total_kv_bytes(config.workload.batch, config.workload.max_len))
+    reason = can_create_memory_cgroups()
+    if reason is not None:
+        raise CgroupError(reason)
+
+    sweep = Sweep(plan, progress=ProgressBar())
+    started = datetime.datetime.now(datetime.UTC)
+    records = sweep.run()
+    direct_bw, cached_bw = reference_bandwidths(sweep.bandwidth)
+    results = aggregate(records, direct_bw, cached_bw)
+    claims = evaluate_claims(results, working_set)
+    report: dict[str, Any] = {
+        "kv_working_set_bytes": working_set,
+        "direct_read_bytes_per_s": round(direct_bw),
+        "cached_read_bytes_per_s": round(cached_bw),
+        "results": results,
+        "claims": claims,
+        "bandwidth_samples": sweep.bandwidth,
+        "runs": records,
+        "meta": {
+            "sweep": label,
+            "started": started.isoformat(timespec="seconds"),
+            "host": platform.node(),
+            "kernel": platform.release(),
+            "policies": plan.policies,
+            "limits_bytes": sorted(plan.limits),
+            "decode_steps": plan.decode_steps,
+            "repeats": plan.repeats,
+            "pipeline": plan.pipeline,
+            "command": " ".join(["dualblade", *sys.argv[2:]]) if len(sys.argv) > 1 else "",
+        },
+    }
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    table = markdown_table(results)
+    (out / "results.md").write_text(_markdown(report, table))
+    write_plots(results, out, working_set)
+    if args.json:
+        print_json(report)
+    else:
+        print(table)
+        print(f"claims: {'all met' if claims['all_ok'] else 'NOT all met'} (see {out}/results.md)")
+    return 0
+
+
+def _markdown(report: dict[str, Any], table: str) -> str:
+    gib = 1 << 30
+    claims = report["claims"]
+    lines = [
+        f"# dualblade bench — {report['meta']['sweep']}",
+        "",
+        f"KV working set {report['kv_working_set_bytes'] / gib:.2f} GiB; O_DIRECT read "
+        f"{report['direct_read_bytes_per_s'] / 1e6:.0f} MB/s, cached read "
+        f"{report['cached_read_bytes_per_s'] / 1e6:.0f} MB/s (medians of the sweep's samples).",
+        "",
+        table,
+        "## Claims",
+        "",
+        "```json",
+        json.dumps(claims, indent=1),
+        "```",
+        "",
+        "![decode](decode.png) ![prefill](prefill.png) ![hit rate](hit_rate.png) "
+        "![throughput](throughput.png)",
+        "",
+    ]
+    return "\n".join(lines)
