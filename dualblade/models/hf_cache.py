@@ -126,6 +126,7 @@ class _Backing:
         self.memory_limit = memory_limit
         self.device = device
         self.config: PipelineConfig | None = None
+        self.read_device = torch.device("cpu")  # the store's, once open
         self.store: BlockingStore | None = None
         self._context: BlockingContext | None = None
         self._stack = contextlib.ExitStack()
@@ -164,11 +165,17 @@ class _Backing:
         }
         return config_from_mapping(data, source="DualBladeCache", env={})
 
-    def open(self, batch_size: int, dtype: torch.dtype, device: torch.device) -> BlockingContext:
+    def open(
+        self, batch_size: int, dtype: torch.dtype, device: torch.device | None
+    ) -> BlockingContext:
         """Open the store and its context (once); later calls check that they agree.
 
+        ``device`` is where the K/V come from and where the read-back must land (None: the
+        store's default, CUDA when available); the constructor's ``device`` wins.
+
         Raises:
-            DualBladeCacheError: closed already, or a batch/dtype other than the opened one.
+            DualBladeCacheError: closed already, or a batch, dtype or device other than the
+                opened one.
         """
         with self._lock:
             if self.closed:
@@ -179,26 +186,30 @@ class _Backing:
                     f"was made for {self.batch_size}: build it with batch_size={batch_size} "
                     "(num_beams and num_return_sequences multiply the batch)"
                 )
-            if self._context is not None:
-                assert self.config is not None
-                want = _STORE_DTYPES.get(dtype)
-                if want != self.config.model.dtype:
-                    raise DualBladeCacheError(
-                        f"KV of dtype {dtype} for a cache opened with {self.config.model.dtype}"
+            if self._context is None:
+                config = self.pipeline_config(batch_size, dtype)
+                try:
+                    store = self._stack.enter_context(
+                        open_store_blocking(
+                            config, device=self.device or device, memory_limit=self.memory_limit
+                        )
                     )
-                return self._context
-            config = self.pipeline_config(batch_size, dtype)
-            try:
-                store = self._stack.enter_context(
-                    open_store_blocking(
-                        config, device=self.device or device, memory_limit=self.memory_limit
-                    )
+                    self._context = self._stack.enter_context(store.context())
+                except BaseException:
+                    self._stack.close()
+                    raise
+                self.store, self.config, self.batch_size = store, config, batch_size
+                self.read_device = store.store.device
+            assert self.config is not None
+            if _STORE_DTYPES.get(dtype) != self.config.model.dtype:
+                raise DualBladeCacheError(
+                    f"KV of dtype {dtype} for a cache opened with {self.config.model.dtype}"
                 )
-                self._context = self._stack.enter_context(store.context())
-            except BaseException:
-                self._stack.close()
-                raise
-            self.store, self.config, self.batch_size = store, config, batch_size
+            if device is not None and not _same_device(device, self.read_device):
+                raise DualBladeCacheError(
+                    f"KV on {device} for a cache whose store reads back to {self.read_device}: "
+                    "give the model's device (or none) to the cache"
+                )
             return self._context
 
     def context(self) -> BlockingContext:
@@ -220,6 +231,11 @@ class _Backing:
             self._context = None
             self.store = None
             self._stack.close()
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are the same place unless both name an index."""
+    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
 
 
 def _to_rows(states: torch.Tensor) -> torch.Tensor:
@@ -342,10 +358,6 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
 
     def get_max_length(self) -> int:
         """The most rows the store can hold: ``max_cache_len``."""
-        return self._backing.max_cache_len
-
-    def get_max_cache_shape(self) -> int:
-        """Alias of :meth:`get_max_length` (the name older transformers code asks for)."""
         return self._backing.max_cache_len
 
     def reset(self) -> None:
@@ -473,6 +485,9 @@ class DualBladeCache(Cache):
     ) -> Self:
         """Open the store now rather than on the first update (to pay its start-up up front).
 
+        ``dtype`` defaults to the model config's (else float32), ``device`` to the
+        constructor's, else CUDA when available: give the model's device.
+
         Raises:
             DualBladeCacheError: no batch size known, or it disagrees with the constructor's.
         """
@@ -480,7 +495,7 @@ class DualBladeCache(Cache):
         if batch is None:
             raise DualBladeCacheError("open() needs a batch_size (none was given to the cache)")
         dtype = dtype or self._backing.geometry.dtype or torch.float32
-        where = torch.device(device) if device is not None else torch.device("cpu")
+        where = torch.device(device) if device is not None else None
         self._backing.open(batch, dtype, self._backing.device or where)
         return self
 

@@ -173,6 +173,50 @@ def test_open_ahead_of_generate(model, prompt, tmp_path):
     assert torch.equal(offloaded.sequences, reference.sequences)
 
 
+def _mistral_sliding() -> Any:
+    """Sliding-window attention (window 4 < prompt 7): the masks, not the cache, do the window."""
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=4,
+        initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    return transformers.MistralForCausalLM(config).eval()
+
+
+def _gemma2_mixed() -> Any:
+    """Alternating sliding and full layers, head_dim != hidden / heads, eager attention."""
+    config = transformers.Gemma2Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=24,
+        sliding_window=4,
+        initializer_range=0.3,
+    )
+    torch.manual_seed(0)
+    return transformers.Gemma2ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("build", [_mistral_sliding, _gemma2_mixed])
+def test_sliding_window_and_mixed_layer_models(build, prompt, tmp_path):
+    model = build()
+    reference = _generate(model, prompt)
+    with _one_layer_on_page_cache(model, tmp_path, "dual") as cache:
+        offloaded = _generate(model, prompt, cache=cache)
+    assert torch.equal(offloaded.sequences, reference.sequences)
+    for ours, theirs in zip(offloaded.logits, reference.logits, strict=True):
+        assert torch.equal(ours, theirs)
+
+
 # -- the cache's own operations, against transformers' DynamicCache ---------------------------
 
 
@@ -257,6 +301,22 @@ def test_unsupported_dtype_and_batch_changes_are_refused(tiny_config, tmp_path):
             cache.update(*_kv(1, 1, batch=2), 1)
         with pytest.raises(DualBladeCacheError, match="cannot change its batch"):
             cache.batch_repeat_interleave(2)
+
+
+def test_kv_on_another_device_or_dtype_is_refused(tiny_config, tmp_path):
+    with DualBladeCache(tiny_config, 8, device="cpu", storage=_storage(tmp_path)) as cache:
+        k, v = _kv(0, 2)
+        with pytest.raises(DualBladeCacheError, match="KV on meta"):
+            cache.update(k.to("meta"), v.to("meta"), 0)
+        cache.update(k, v, 0)
+        with pytest.raises(DualBladeCacheError, match=r"KV of dtype torch\.float16"):
+            cache.update(k.half(), v.half(), 1)
+
+
+def test_models_without_per_token_attention_kv_are_refused(tiny_config):
+    tiny_config.layer_types = ["full_attention", "linear_attention"]
+    with pytest.raises(DualBladeCacheError, match="linear_attention"):
+        DualBladeCache(tiny_config, 8)
 
 
 def test_bad_settings_fail_at_construction(tiny_config):
