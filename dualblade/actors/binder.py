@@ -19,7 +19,7 @@ import structlog
 
 from dualblade.actors._base import Actor, Reply
 from dualblade.actors._extents import ExtentAllocator
-from dualblade.io_engine import DirectFile, IOEngine, PageCacheFile, Target
+from dualblade.io_engine import IOEngine, PageCacheFile, Target
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 _log = structlog.get_logger(__name__)
@@ -157,8 +157,10 @@ class BinderActor(Actor[BinderMessage]):
             )
 
     def _grow_file_target(self) -> None:
-        if self.allocator.growable and isinstance(self.direct, DirectFile):
-            self.direct.grow_to(self.allocator.end * self.lba_size)
+        # Any target that can grow (a DirectFile, or a wrapper of one such as FaultyTarget).
+        grow = getattr(self.direct, "grow_to", None)
+        if self.allocator.growable and grow is not None:
+            grow(self.allocator.end * self.lba_size)
 
     async def _release(self, context: int) -> Released:
         holdings = self._held.pop(context, None)

@@ -30,10 +30,11 @@ import errno as errno_module
 import random
 import threading
 import time
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from dualblade.io_engine import opcodes
-from dualblade.io_engine.errors import IOFailedError
+from dualblade.io_engine.errors import IOFailedError, TargetError
 from dualblade.io_engine.targets.base import Target
 
 
@@ -126,10 +127,11 @@ class FaultPolicy:
 class FaultyTarget(Target):
     """``inner`` with faults injected by ``policy``; geometry, fd and commands are the inner's.
 
-    Closing it closes ``inner``.
+    The most recent ``history`` faults are kept (a long soak must not grow without bound),
+    and a count per kind of all of them. Closing it closes ``inner``.
     """
 
-    def __init__(self, inner: Target, policy: FaultPolicy) -> None:
+    def __init__(self, inner: Target, policy: FaultPolicy, *, history: int = 100_000) -> None:
         self.inner = inner
         self.policy = policy
         self.name = inner.name
@@ -137,20 +139,67 @@ class FaultyTarget(Target):
         self.lba_size = inner.lba_size
         self.alignment = inner.alignment
         self.max_transfer = inner.max_transfer
-        self.size = inner.size
         self.passthrough = inner.passthrough
         self.threadpool_capable = inner.threadpool_capable
         self.max_trim = inner.max_trim
-        self._log: list[InjectedFault] = []
+        self._log: deque[InjectedFault] = deque(maxlen=history)
+        self._counts: Counter[FaultKind] = Counter()
         self._lock = threading.Lock()
         self._serial = 0
+
+    @property
+    def size(self) -> int:
+        """The inner target's size, also after it grew."""
+        return self.inner.size
+
+    @size.setter
+    def size(self, value: int) -> None:
+        self.inner.size = value
+
+    def grow_to(self, size: int) -> None:
+        """Grow the inner target (a growable :class:`DirectFile`).
+
+        Raises:
+            TargetError: the inner target cannot grow.
+        """
+        grow = getattr(self.inner, "grow_to", None)
+        if grow is None:
+            raise TargetError(f"{self.name} cannot grow")
+        grow(size)
 
     # -- bookkeeping ----------------------------------------------------------------------------
     @property
     def injected(self) -> list[InjectedFault]:
-        """Every fault injected so far, in order (a copy)."""
+        """The faults injected so far (the most recent ``history``), in order (a copy)."""
         with self._lock:
             return list(self._log)
+
+    @property
+    def serial(self) -> int:
+        """The serial number of the last fault injected (0: none yet)."""
+        return self._serial
+
+    def counts(self) -> dict[FaultKind, int]:
+        """How many faults of each kind were injected in all."""
+        with self._lock:
+            return dict(self._counts)
+
+    def since(self, serial: int) -> list[InjectedFault]:
+        """The faults injected after the one numbered ``serial``, in order.
+
+        Raises:
+            LookupError: some of them already fell out of the history.
+        """
+        with self._lock:
+            out: list[InjectedFault] = []
+            for fault in reversed(self._log):
+                if fault.serial <= serial:
+                    break
+                out.append(fault)
+            if self._serial - serial != len(out):
+                raise LookupError(f"faults after #{serial} are no longer in the history")
+        out.reverse()
+        return out
 
     def _inject(self, op: str, offset: int, length: int) -> InjectedFault | None:
         kind = self.policy.decide(op)
@@ -162,6 +211,7 @@ class FaultyTarget(Target):
             self._serial += 1
             fault = InjectedFault(self._serial, kind, op, offset, length, time.monotonic())
             self._log.append(fault)
+            self._counts[kind] += 1
         return fault
 
     def _short(self, moved: int) -> int:
