@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "config",
     "plan",
     "bench",
+    "soak",
 )
 
 

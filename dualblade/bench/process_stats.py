@@ -1,0 +1,60 @@
+"""What this process holds, read from ``/proc/self``: memory, pinned memory, fds, threads.
+
+The soak samples these over time to show that a long run reaches a steady state, and compares
+them before and after a store's life to show nothing leaked. No psutil: the soak must run on the
+bare machines too.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+#: Threads that outlive a store by design: anyio's and trio's idle worker caches, pytest's.
+CACHED_THREAD_PREFIXES = ("AnyIO worker thread", "Trio thread", "asyncio_")
+
+
+@dataclass(frozen=True)
+class MemorySample:
+    """One reading: resident, locked and pinned bytes (``VmRSS``, ``VmLck``, ``VmPin``)."""
+
+    rss_bytes: int
+    locked_bytes: int
+    pinned_bytes: int
+
+
+def memory_sample() -> MemorySample:
+    """Read ``/proc/self/status`` (zeros where a field is missing)."""
+    fields = {"VmRSS": 0, "VmLck": 0, "VmPin": 0}
+    with open("/proc/self/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in fields:
+                fields[key] = int(value.split()[0]) * 1024  # reported in kB
+    return MemorySample(fields["VmRSS"], fields["VmLck"], fields["VmPin"])
+
+
+def open_fds() -> set[int]:
+    """The process's open file descriptors."""
+    return {int(name) for name in os.listdir("/proc/self/fd")}
+
+
+def describe_fds(fds: set[int]) -> list[str]:
+    """``fd -> target`` for each of ``fds`` still open (for a leak report)."""
+    out = []
+    for fd in sorted(fds):
+        try:
+            out.append(f"{fd} -> {os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            continue  # closed meanwhile
+    return out
+
+
+def live_threads() -> set[str]:
+    """Names and idents of live threads, except worker caches that outlive any store."""
+    return {
+        f"{thread.name}#{thread.ident}"
+        for thread in threading.enumerate()
+        if not thread.name.startswith(CACHED_THREAD_PREFIXES)
+    }
