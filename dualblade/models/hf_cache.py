@@ -128,6 +128,8 @@ class _Backing:
         self.config: PipelineConfig | None = None
         self.read_device = torch.device("cpu")  # the store's, once open
         self.store: BlockingStore | None = None
+        #: A store the caller owns (see DualBladeCache.in_store); only a context is ours then.
+        self.shared_store: BlockingStore | None = None
         self._context: BlockingContext | None = None
         self._stack = contextlib.ExitStack()
         self._lock = threading.Lock()
@@ -187,13 +189,19 @@ class _Backing:
                     "(num_beams and num_return_sequences multiply the batch)"
                 )
             if self._context is None:
-                config = self.pipeline_config(batch_size, dtype)
+                if self.shared_store is not None:
+                    store, config = self.shared_store, self.shared_store.store.config
+                else:
+                    config = self.pipeline_config(batch_size, dtype)
                 try:
-                    store = self._stack.enter_context(
-                        open_store_blocking(
-                            config, device=self.device or device, memory_limit=self.memory_limit
+                    if self.shared_store is None:
+                        store = self._stack.enter_context(
+                            open_store_blocking(
+                                config,
+                                device=self.device or device,
+                                memory_limit=self.memory_limit,
+                            )
                         )
-                    )
                     self._context = self._stack.enter_context(store.context())
                 except BaseException:
                     self._stack.close()
@@ -201,9 +209,9 @@ class _Backing:
                 self.store, self.config, self.batch_size = store, config, batch_size
                 self.read_device = store.store.device
             assert self.config is not None
-            if _STORE_DTYPES.get(dtype) != self.config.model.dtype:
+            if _STORE_DTYPES.get(dtype) != self.config.shape().dtype:
                 raise DualBladeCacheError(
-                    f"KV of dtype {dtype} for a cache opened with {self.config.model.dtype}"
+                    f"KV of dtype {dtype} for a cache opened with {self.config.shape().dtype}"
                 )
             if device is not None and not _same_device(device, self.read_device):
                 raise DualBladeCacheError(
@@ -211,6 +219,24 @@ class _Backing:
                     "give the model's device (or none) to the cache"
                 )
             return self._context
+
+    def share(self, store: BlockingStore) -> None:
+        """Take contexts from ``store`` instead of opening a store of our own.
+
+        Raises:
+            DualBladeCacheError: the store was configured for another model shape.
+        """
+        config = store.store.config
+        shape, g = config.shape(), self.geometry
+        ours = (g.num_layers, g.num_kv_heads, g.head_dim)
+        theirs = (shape.num_layers, shape.num_kv_heads, shape.head_dim)
+        if ours != theirs:
+            raise DualBladeCacheError(
+                f"the store holds {theirs[0]} layers of {theirs[1]} KV heads x {theirs[2]}, the "
+                f"model has {ours[0]} layers of {ours[1]} x {ours[2]}"
+            )
+        self.shared_store = store
+        self.batch_size = config.workload.batch
 
     def context(self) -> BlockingContext:
         """The open context.
@@ -225,7 +251,8 @@ class _Backing:
         return self._context
 
     def close(self) -> None:
-        """Release the context (TRIM, unlink), stop the actors and the event-loop thread."""
+        """Release the context (TRIM, unlink); stop the actors and the event-loop thread
+        unless the store is shared (its owner closes it)."""
         with self._lock:
             self.closed = True
             self._context = None
@@ -476,6 +503,23 @@ class DualBladeCache(Cache):
         layers: list[Any] = [DualBladeLayer(self._backing, i) for i in range(geometry.num_layers)]
         super().__init__(layers=layers)
         self._finalizer = weakref.finalize(self, self._backing.close)
+
+    @classmethod
+    def in_store(cls, config: PreTrainedConfig, store: BlockingStore) -> Self:
+        """A cache that takes one context of a store the caller opened and closes.
+
+        One store serves many caches at once (one per request), each in its own context
+        and storage: two caches that opened stores of their own on one target would collide.
+        The store's config must describe this model (layers, KV heads, head size); its
+        workload gives the batch and ``max_cache_len``, its model dtype the KV dtype.
+
+        Raises:
+            DualBladeCacheError: the store was configured for another model shape.
+        """
+        workload = store.store.config.workload
+        cache = cls(config, workload.max_len, batch_size=workload.batch)
+        cache._backing.share(store)
+        return cache
 
     def open(
         self,

@@ -23,6 +23,8 @@ from transformers import DynamicCache  # noqa: E402
 
 from dualblade.errors import ConfigError  # noqa: E402
 from dualblade.models.hf_cache import DualBladeCache, DualBladeCacheError  # noqa: E402
+from dualblade.pipeline import config_from_mapping  # noqa: E402
+from dualblade.pipeline.blocking import open_store_blocking  # noqa: E402
 from dualblade.pipeline.planner import layer_page_cache_bytes  # noqa: E402
 
 POLICIES = ["dual", "direct", "page-cache", "cache-policy", "baseline"]
@@ -215,6 +217,40 @@ def test_sliding_window_and_mixed_layer_models(build, prompt, tmp_path):
     assert torch.equal(offloaded.sequences, reference.sequences)
     for ours, theirs in zip(offloaded.logits, reference.logits, strict=True):
         assert torch.equal(ours, theirs)
+
+
+def test_caches_in_one_shared_store(model, prompt, tmp_path):
+    """A serving app opens one store and gives each request a cache of its own context."""
+    reference = _generate(model, prompt)
+    other = torch.flip(prompt, dims=[1])
+    reference_other = _generate(model, other)
+    config = DualBladeCache(model.config, PROMPT + NEW, batch_size=BATCH).config_for(BATCH)
+    data = config.model_dump()
+    data["storage"] = _storage(tmp_path)
+    data["policy"] = "direct"
+    with open_store_blocking(config_from_mapping(data, env={}), device="cpu") as store:
+        first = DualBladeCache.in_store(model.config, store)
+        second = DualBladeCache.in_store(model.config, store)
+        with first, second:
+            assert store.metrics()["open_contexts"] == 0  # contexts open on first use
+            ours = _generate(model, prompt, cache=first)
+            ours_other = _generate(model, other, cache=second)
+            assert store.metrics()["open_contexts"] == 2
+        assert store.metrics()["open_contexts"] == 0
+        assert first.closed
+    assert torch.equal(ours.sequences, reference.sequences)
+    assert torch.equal(ours_other.sequences, reference_other.sequences)
+
+
+def test_a_store_for_another_shape_is_refused(model, tiny_config, tmp_path):
+    config = DualBladeCache(tiny_config, 8, batch_size=1).config_for(1)
+    data = config.model_dump()
+    data["storage"] = _storage(tmp_path)
+    with (
+        open_store_blocking(config_from_mapping(data, env={}), device="cpu") as store,
+        pytest.raises(DualBladeCacheError, match="the store holds 2 layers"),
+    ):
+        DualBladeCache.in_store(model.config, store)
 
 
 # -- the cache's own operations, against transformers' DynamicCache ---------------------------
