@@ -127,6 +127,7 @@ class _Backing:
         self.device = device
         self.config: PipelineConfig | None = None
         self.read_device = torch.device("cpu")  # the store's, once open
+        self.dtype_name = ""  # the store's KV dtype, once open
         self.store: BlockingStore | None = None
         #: A store the caller owns (see DualBladeCache.in_store); only a context is ours then.
         self.shared_store: BlockingStore | None = None
@@ -208,10 +209,10 @@ class _Backing:
                     raise
                 self.store, self.config, self.batch_size = store, config, batch_size
                 self.read_device = store.store.device
-            assert self.config is not None
-            if _STORE_DTYPES.get(dtype) != self.config.shape().dtype:
+                self.dtype_name = config.shape().dtype
+            if _STORE_DTYPES.get(dtype) != self.dtype_name:
                 raise DualBladeCacheError(
-                    f"KV of dtype {dtype} for a cache opened with {self.config.shape().dtype}"
+                    f"KV of dtype {dtype} for a cache opened with {self.dtype_name}"
                 )
             if device is not None and not _same_device(device, self.read_device):
                 raise DualBladeCacheError(
