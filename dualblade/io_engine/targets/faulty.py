@@ -146,6 +146,11 @@ class FaultyTarget(Target):
         self._counts: Counter[FaultKind] = Counter()
         self._lock = threading.Lock()
         self._serial = 0
+        self._window: tuple[int, int] | None = None
+
+    def limit_to(self, start: int, end: int) -> None:
+        """Inject only into chunks that start in ``[start, end)`` (one context's run, say)."""
+        self._window = (start, end)
 
     @property
     def size(self) -> int:
@@ -202,6 +207,9 @@ class FaultyTarget(Target):
         return out
 
     def _inject(self, op: str, offset: int, length: int) -> InjectedFault | None:
+        window = self._window
+        if window is not None and not window[0] <= offset < window[1]:
+            return None
         kind = self.policy.decide(op)
         if kind is None:
             return None
