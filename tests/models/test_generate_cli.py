@@ -108,3 +108,28 @@ def test_bad_input_is_one_readable_error(
     assert status == 2
     assert message in err
     assert "Traceback" not in err
+
+
+def test_a_local_tokenizer_encodes_the_prompt_and_decodes_the_ids(
+    capsys: pytest.CaptureFixture[str], opt_pipeline_toml: Path, tmp_path: Path
+) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    vocab = {f"w{i}": i for i in range(1024)}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="w0"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    prompt = " ".join(f"w{i}" for i in (5, 17, 300, 999, 42))
+
+    report = generate(
+        capsys,
+        *("--preset", "opt-tiny", "--batch", "2", "--gen-len", "4"),
+        *("--tokenizer", str(tmp_path), "--prompt", prompt),
+        *("--config", str(opt_pipeline_toml), "--policy", "memory"),
+    )
+    assert report["prompt_len"] == 5
+    assert report["token_ids"][0] == report["token_ids"][1]  # the prompt repeated per sequence
+    assert report["text"] == [" ".join(f"w{i}" for i in ids) for ids in report["token_ids"]]
+    prompts = torch.tensor([[5, 17, 300, 999, 42]] * 2)
+    kv = MemoryKV(layers=4, batch=2, max_len=9, width=64, dtype=torch.float16)
+    model = OptModel(random_weights(TINY, 0))
+    assert report["token_ids"] == anyio.run(model.generate, prompts, 4, kv).tokens.tolist()
