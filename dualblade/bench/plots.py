@@ -76,7 +76,8 @@ def write_plots(results: list[dict[str, Any]], out_dir: Path, working_set: int) 
     ax.set_xlabel("seconds since decode start (vertical lines: step ends)")
     ax.set_ylabel("KV read throughput (MB/s)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:  # decode may be shorter than one sampling interval
+        ax.legend(fontsize=8)
     fig.tight_layout()
     path = out_dir / "throughput.png"
     fig.savefig(path, dpi=110)

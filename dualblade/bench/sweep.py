@@ -128,9 +128,12 @@ class Sweep:
         return data
 
     def device_path(self, pipeline: dict[str, Any]) -> str:
+        """The direct target, or its nearest existing folder: its device's counters are read."""
         direct = pipeline["storage"]["direct"]
         path = Path(direct.get("path", self.direct_path))
-        return str(path if path.exists() else path.parent)
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        return str(path)
 
     def run(self) -> list[dict[str, Any]]:
         plan = self.plan

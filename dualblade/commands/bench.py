@@ -39,6 +39,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="sample",
         help="how much of each read to check",
     )
+    parser.add_argument(
+        "--bandwidth-size", default="1GiB", help="scratch file read for the reference bandwidths"
+    )
     parser.add_argument("--keep-files", action="store_true", help="keep the runs' KV files")
     parser.add_argument("--json", action="store_true", help="print results.json to stdout")
     parser.set_defaults(func=bench)
@@ -82,6 +85,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         verify=args.verify,
         keep_files=args.keep_files,
         label=label,
+        bandwidth_bytes=parse_size(args.bandwidth_size),
     )
     check_plan(plan)
     if plan.decode_steps > max_new:

@@ -1,0 +1,89 @@
+"""``dualblade bench`` end to end: a tiny sweep in real memory cgroups (root only)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from dualblade.bench.cgroups import can_create_memory_cgroups
+from dualblade.cli import main
+
+TINY = """
+policy = "dual"
+copy_threads = 2
+queue_depth = 8
+[model]
+preset = "opt-125m"
+[workload]
+batch = 2
+prompt_len = 200
+max_new_tokens = 2
+[memory]
+limit = "auto"
+safety_margin = "32MiB"
+[storage]
+page_cache_dir = "{dir}/pc"
+[storage.direct]
+kind = "file"
+path = "{dir}/direct.kv"
+"""
+
+
+def test_bad_arguments_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--preset", "nope"]) == 2
+    assert "unknown bench preset" in capsys.readouterr().err
+    assert main(["bench", "--policies", "dual,fast", "--memory-limits", "1GiB"]) == 2
+    assert "unknown policies" in capsys.readouterr().err
+    assert main(["bench", "--steps", "99"]) == 2
+    assert "exceeds workload.max_new_tokens" in capsys.readouterr().err
+
+
+@pytest.mark.root
+def test_tiny_sweep_writes_results_plots_and_checked_reads(tmp_path: Path) -> None:
+    reason = can_create_memory_cgroups()
+    if reason is not None:
+        pytest.skip(reason)
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(dir=tmp_path / "store"))
+    out = tmp_path / "out"
+    status = main(
+        [
+            "bench",
+            str(config),
+            "--memory-limits",
+            "400MiB,480MiB",
+            "--policies",
+            "dual,baseline",
+            "--bandwidth-size",
+            "64MiB",
+            "--work-dir",
+            str(tmp_path / "work"),
+            "--out",
+            str(out),
+            "--verify",
+            "full",
+        ]
+    )
+    assert status == 0
+    report = json.loads((out / "results.json").read_text())
+    assert report["kv_working_set_bytes"] == 12 * 2 * 202 * 2 * 768 * 2
+    assert report["direct_read_bytes_per_s"] > 0
+    assert report["cached_read_bytes_per_s"] > 0
+    records = report["results"]
+    assert {(r["policy"], r["limit_bytes"]) for r in records} == {
+        (p, m << 20) for p in ("dual", "baseline") for m in (400, 480)
+    }
+    for record in records:
+        assert "error" not in record, record.get("error")
+        assert record["prefill_s"] > 0
+        assert record["decode_s"] > 0
+        assert 0.0 <= record["hit_rate"] <= 1.0
+        assert record["verified_bytes"] > 0
+        if record["policy"] == "dual":
+            assert record["decode_floor_s"] > 0
+            assert record["requests"]["decode"]["latency"]["read"]["count"] > 0
+    for name in ("decode.png", "prefill.png", "hit_rate.png", "throughput.png", "results.md"):
+        assert (out / name).stat().st_size > 0
+    assert not (tmp_path / "work" / "bandwidth.dat").exists()
