@@ -57,7 +57,8 @@ class CgroupMemory:
 
     @property
     def non_file_bytes(self) -> int:
-        """Charged memory that is not reclaimable page cache (anon, shmem, kernel)."""
+        """Charged memory that is not reclaimable page cache (anon, shmem, kernel, and file
+        pages mapped into processes)."""
         return max(0, self.usage_bytes - self.file_bytes)
 
 
@@ -168,7 +169,7 @@ def read_cgroup_v2(directory: Path, mount_point: Path, path: str = "") -> Cgroup
         node = node.parent
     usage = _parse_int(_read_text(directory / "memory.current"), directory / "memory.current")
     stat = _read_key_values(directory / "memory.stat")
-    file_bytes = stat.get("active_file", 0) + stat.get("inactive_file", 0)
+    file_bytes = _unmapped_file(stat, "active_file", "inactive_file", "file_mapped")
     return CgroupMemory(2, path or str(directory), limit, usage, file_bytes)
 
 
@@ -192,8 +193,19 @@ def read_cgroup_v1(directory: Path, path: str = "") -> CgroupMemory:
     usage_file = directory / "memory.usage_in_bytes"
     usage = _parse_int(_read_text(usage_file), usage_file)
     prefix = "total_" if "total_active_file" in stat else ""
-    file_bytes = stat.get(f"{prefix}active_file", 0) + stat.get(f"{prefix}inactive_file", 0)
+    file_bytes = _unmapped_file(
+        stat, f"{prefix}active_file", f"{prefix}inactive_file", f"{prefix}mapped_file"
+    )
     return CgroupMemory(1, path or str(directory), min(known) if known else None, usage, file_bytes)
+
+
+def _unmapped_file(stat: dict[str, int], active: str, inactive: str, mapped: str) -> int:
+    """Page-cache bytes the budget may count as reclaimable: the file LRU pages minus those mapped
+    into processes. Mapped file pages are the code and libraries the processes run (torch's
+    shared objects alone are hundreds of MiB); reclaiming them would thrash the processes, and
+    the kernel protects them, so budgeting them as room for KV pages would make the budgeted KV
+    pages the ones evicted."""
+    return max(0, stat.get(active, 0) + stat.get(inactive, 0) - stat.get(mapped, 0))
 
 
 def _cgroup_mounts(root: Path) -> dict[str, tuple[str, str]]:

@@ -35,8 +35,9 @@ def test_recorded_v2_service():
     assert cgroup is not None
     assert cgroup.limit_bytes == 6 << 30
     assert cgroup.usage_bytes == 1 << 30
-    assert cgroup.file_bytes == 216006656 + 429916160
-    assert cgroup.non_file_bytes == (1 << 30) - 645922816
+    # file LRU pages minus the 10 MiB mapped into processes (their code: not budgetable)
+    assert cgroup.file_bytes == 216006656 + 429916160 - 10485760
+    assert cgroup.non_file_bytes == (1 << 30) - 645922816 + 10485760
     assert snapshot.host.total_bytes == 16318504 * 1024
     assert snapshot.host.available_bytes == 12871244 * 1024
     assert snapshot.host.file_bytes == (2818048 + 4194304) * 1024
@@ -47,7 +48,7 @@ def test_recorded_v2_container_high_is_tighter():
     assert snapshot.cgroup is not None
     assert snapshot.cgroup.path == "/"
     assert snapshot.cgroup.limit_bytes == 3 << 30  # memory.high 3 GiB under memory.max 4 GiB
-    assert snapshot.cgroup.file_bytes == 805306368 + 536870912
+    assert snapshot.cgroup.file_bytes == 805306368 + 536870912 - 10485760
 
 
 def test_recorded_v1_hybrid_prefers_the_v1_memory_controller():
@@ -60,7 +61,7 @@ def test_recorded_v1_hybrid_prefers_the_v1_memory_controller():
     assert cgroup is not None
     assert cgroup.limit_bytes is None  # 9223372036854771712 means unlimited
     assert cgroup.usage_bytes == 151908352
-    assert cgroup.file_bytes == 95236096 + 51511296
+    assert cgroup.file_bytes == 95236096 + 51511296 - 106496
 
 
 def _tree(tmp_path, cgroup_line, mountinfo, files):
