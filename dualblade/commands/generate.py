@@ -101,7 +101,7 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
         raise ConfigError("--arch describes a --model file; with a preset use --preset alone")
     else:
         preset = args.preset or base.model.preset
-    device = torch.device(args.device) if args.device else _default_device()
+    device = _device(args.device)
     memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
 
@@ -174,10 +174,23 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
     return report
 
 
-def _default_device() -> Any:
+def _device(name: str | None) -> Any:
+    """The compute (and KV landing) device: ``name``, or CUDA where there is one.
+
+    Raises:
+        ConfigError: not a device name, or CUDA asked for where there is none.
+    """
     import torch
 
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"--device {name!r} is not a device (cpu, cuda, cuda:N)") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {name}: this machine has no CUDA device (use cpu)")
+    return device
 
 
 def _load_tokenizer(path: Path) -> Any:

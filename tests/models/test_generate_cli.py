@@ -98,12 +98,13 @@ def test_the_text_report_shows_ids_and_the_path_split(
         (["--preset", "opt-tiny", "--prompt-len", "510", "--gen-len", "8"], "512 positions"),
         (["--preset", "opt-tiny", "--prompt", "hi"], "--prompt needs --tokenizer"),
         (["--preset", "opt-tiny", "--tokenizer", "/nonexistent"], "tokenizer /nonexistent"),
+        (["--preset", "opt-tiny", "--device", "gpu0"], "is not a device"),
     ],
 )
 def test_bad_input_is_one_readable_error(
     capsys: pytest.CaptureFixture[str], opt_pipeline_toml: Path, argv: list[str], message: str
 ) -> None:
-    status = main(["generate", *argv, "--config", str(opt_pipeline_toml), "--device", "cpu"])
+    status = main(["generate", "--device", "cpu", *argv, "--config", str(opt_pipeline_toml)])
     err = capsys.readouterr().err
     assert status == 2
     assert message in err
