@@ -52,6 +52,8 @@ class SweepPlan:
     bandwidth_bytes: int = 1 << 30
     keep_files: bool = False
     label: str = "custom"
+    #: Real inference instead of synthetic KV traffic: ``{"preset": "opt-6.7b", "dtype": ...}``.
+    compute: dict[str, Any] | None = None
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -163,6 +165,7 @@ class Sweep:
             probe.remove()
             if not plan.keep_files:
                 shutil.rmtree(self.page_cache_dir, ignore_errors=True)
+                shutil.rmtree(plan.work_dir / "flexgen", ignore_errors=True)
                 if self.direct_path.exists():
                     self.direct_path.unlink()
         return records
@@ -176,6 +179,8 @@ class Sweep:
         spec_path = run_dir / f"{index:03d}-spec.json"
         group = create_memory_cgroup(f"dualblade-bench-{os.getpid()}-{index}", limit)
         spec = {
+            "compute": plan.compute,
+            "offload_dir": str(plan.work_dir / "flexgen"),
             "config": pipeline,
             "decode_steps": plan.decode_steps,
             "cgroup_procs": str(group.path / "cgroup.procs"),
@@ -188,9 +193,10 @@ class Sweep:
         spec_path.write_text(json.dumps(spec))
         how = drop_caches([self.page_cache_dir, self.direct_path])
         started = time.perf_counter()
+        worker = "flexgen_peer" if policy == "flexgen" else "sweep_worker"
         try:
             completed = subprocess.run(
-                [sys.executable, "-m", "dualblade.bench.sweep_worker", str(spec_path)],
+                [sys.executable, "-m", f"dualblade.bench.{worker}", str(spec_path)],
                 capture_output=True,
                 text=True,
                 timeout=RUN_TIMEOUT_S,
@@ -234,7 +240,7 @@ def check_plan(plan: SweepPlan) -> None:
     Raises:
         ConfigError: no limits or policies, an unknown policy, no decode step.
     """
-    known = {"baseline", "cache-policy", "direct", "dual", "page-cache"}
+    known = {"baseline", "cache-policy", "direct", "dual", "page-cache", "flexgen"}
     if not plan.limits:
         raise ConfigError("--memory-limits: give at least one limit")
     if not plan.policies:

@@ -43,7 +43,8 @@ def aggregate(
         ok.sort(key=lambda r: r["decode_s"])
         middle = dict(ok[(len(ok) - 1) // 2])
         for key in _MEDIAN_KEYS:
-            middle[key] = statistics.median(r[key] for r in ok)
+            values = [r[key] for r in ok if r.get(key) is not None]
+            middle[key] = statistics.median(values) if values else None
         middle["runs"] = len(runs)
         middle["failed_runs"] = len(runs) - len(ok)
         if len(ok) > 1:
@@ -158,16 +159,17 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         if "error" in r:
             lines.append(f"| {_gib(r['limit_bytes'])} | {r['policy']} | failed: {r['error']} |")
             continue
-        read_bytes = sum(r["decode_read_bytes"].values())
+        read_bytes = sum(r["decode_read_bytes"].values()) or r.get("decode_storage_read_bytes", 0)
         rate = read_bytes / r["decode_s"] / 1e6 if r["decode_s"] else 0.0
         disk = r.get("disk", {}).get("decode", {})
         latency = r["requests"]["decode"]["latency"].get("read", {})
         seq = r["requests"]["decode"]["sequentiality"]
         floor = r.get("decode_floor_s")
+        hit = "" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
         lines.append(
             f"| {_gib(r['limit_bytes'])} | {r['policy']} | {r['prefill_s']:.3f} "
             f"| {r['decode_s']:.3f} | {'' if floor is None else f'{floor:.3f}'} "
-            f"| {r['hit_rate']:.3f} | {rate:.0f} | {disk.get('busy_percent', '')} "
+            f"| {hit} | {rate:.0f} | {disk.get('busy_percent', '')} "
             f"| {'' if seq is None else f'{seq:.2f}'} "
             f"| {latency.get('p50_us', '')}/{latency.get('p99_us', '')} | {r['strategy']} |"
         )

@@ -50,6 +50,51 @@ def _timeline(samples: list[tuple[float, int]], start: float, end: float) -> lis
     return out
 
 
+async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any) -> Any:
+    """Real inference (``spec["compute"]``): the OPT engine generates with its KV in ``store``.
+
+    The engine reads nothing during prefill and writes one row per layer per decode step, so
+    the phase marks are its start and end: reads are decode's, writes are (almost all) prefill's.
+    """
+    import time
+
+    from dualblade.bench.sweep_workload import PhaseClock, SweepWorkloadResult
+    from dualblade.models.factory import random_prompts
+
+    workload = store.config.workload
+    prompts = random_prompts(
+        workload.batch, workload.prompt_len, model.arch.vocab_size, spec.get("seed", 0)
+    )
+    clock = PhaseClock()
+    on_phase("prefill_start")
+    on_phase("decode_start")
+    clock.prefill_start = clock.decode_start = time.perf_counter()
+    generation = await model.generate(prompts, spec["decode_steps"] + 1, store)
+    clock.prefill_end = clock.decode_end = time.perf_counter()
+    on_phase("prefill_end")
+    on_phase("decode_end")
+    return SweepWorkloadResult(
+        generation.prefill_s,
+        generation.decode_s,
+        list(generation.decode_step_s),
+        ["n/a"] * len(generation.decode_step_s),
+        0,
+        clock,
+    )
+
+
+def _build_model(spec: dict[str, Any]) -> Any:
+    from dualblade.models.factory import build_model, compute_dtype
+
+    compute = spec["compute"]
+    return build_model(
+        preset=compute["preset"],
+        seed=compute.get("seed", 0),
+        device=spec.get("device") or "cpu",
+        dtype=compute_dtype(compute.get("dtype", "float32")),
+    )
+
+
 async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     """Run the spec's workload and gather every metric of the run."""
     import anyio
@@ -67,7 +112,10 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
     config = config_from_mapping(spec["config"], source="bench spec", env={})
     stat_file = stat_file_for(spec["device_path"]) if spec.get("device_path") else None
-    data = derive_kv(config, spec.get("seed", 0))
+    # Made before the store opens, as an application loads its model first: the budgeter then
+    # counts it as memory in use.
+    model = _build_model(spec) if spec.get("compute") else None
+    data = None if model is not None else derive_kv(config, spec.get("seed", 0))
     log = RequestLog()
     samples: list[tuple[float, int]] = []
     async with open_store(config, device=spec.get("device")) as store:
@@ -85,13 +133,16 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(_sample_reads, store, samples)
-            result = await run_sweep_workload(
-                store,
-                decode_steps=spec["decode_steps"],
-                data=data,
-                verify=spec.get("verify", "sample"),
-                on_phase=on_phase,
-            )
+            if model is not None:
+                result = await _run_model(store, spec, model, on_phase)
+            else:
+                result = await run_sweep_workload(
+                    store,
+                    decode_steps=spec["decode_steps"],
+                    data=data,
+                    verify=spec.get("verify", "sample"),
+                    on_phase=on_phase,
+                )
             tg.cancel_scope.cancel()
         metrics = store.metrics()
         placement = store.plan.placement
@@ -102,6 +153,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     window = config.copy_threads
     report: dict[str, Any] = {
         "policy": config.policy,
+        "compute": spec.get("compute"),
         "prefill_s": result.prefill_s,
         "decode_s": result.decode_s,
         "decode_step_s": result.decode_step_s,

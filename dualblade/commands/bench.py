@@ -25,7 +25,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("config", nargs="?", help="pipeline config (TOML/YAML) to sweep")
     parser.add_argument("--preset", help="quick, paper or long-context (default: quick)")
     parser.add_argument("--memory-limits", help="comma-separated limits, e.g. 1GiB,2GiB")
-    parser.add_argument("--policies", help="comma-separated: baseline,cache-policy,direct,dual")
+    parser.add_argument(
+        "--policies",
+        help="comma-separated: baseline,cache-policy,direct,dual; flexgen = the real FlexGen",
+    )
     parser.add_argument("--steps", type=int, help="decode steps per run")
     parser.add_argument("--repeats", type=int, help="runs per (policy, limit); medians reported")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
@@ -41,6 +44,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--bandwidth-size", default="1GiB", help="scratch file read for the reference bandwidths"
+    )
+    parser.add_argument(
+        "--compute",
+        metavar="PRESET",
+        help="run real inference (an OPT preset, random weights) instead of synthetic KV traffic",
     )
     parser.add_argument("--keep-files", action="store_true", help="keep the runs' KV files")
     parser.add_argument("--json", action="store_true", help="print results.json to stdout")
@@ -73,6 +81,11 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         if args.policies
         else list(preset.policies)
     )
+    compute = None
+    if args.compute:
+        pipeline["model"] = {"preset": args.compute}
+        gpu = (args.device or "").startswith("cuda")
+        compute = {"preset": args.compute, "dtype": "float16" if gpu else "float32"}
     max_new = int(pipeline["workload"]["max_new_tokens"])
     plan = SweepPlan(
         pipeline=pipeline,
@@ -86,6 +99,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         keep_files=args.keep_files,
         label=label,
         bandwidth_bytes=parse_size(args.bandwidth_size),
+        compute=compute,
     )
     check_plan(plan)
     if plan.decode_steps > max_new:

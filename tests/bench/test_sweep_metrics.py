@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given
@@ -178,3 +180,41 @@ def test_derived_kv_checks_what_it_derives_and_catches_a_wrong_row(dtype: str) -
     data.check("K", 5, unsampled, "sample")  # row 7 is not in the sample ...
     with pytest.raises(VerificationError):
         data.check("K", 5, unsampled, "full")  # ... but full mode sees it
+
+
+def test_flexgen_log_parsing() -> None:
+    from dualblade.bench.flexgen_peer import parse_log
+
+    log = (
+        "model size: 12.386 GB\tcache size: 8.100 GB\thidden size (p): 0.031 GB\n"
+        "peak gpu mem: 13.914 GB\tprojected: False\n"
+        "prefill latency: 3.212 s\tprefill throughput: 5101.003 token/s\n"
+        "decode latency: 4.315 s\tdecode throughput: 51.912 token/s\n"
+    )
+    assert parse_log(log) == {"prefill_s": 3.212, "decode_s": 4.315}
+    with pytest.raises(ValueError, match="decode latency"):
+        parse_log("prefill latency: 1.0 s\n")
+
+
+def test_flexgen_policy_without_the_package_is_a_recorded_error(tmp_path: Path) -> None:
+    import importlib.util
+    import json
+
+    from dualblade.bench.flexgen_peer import main as peer_main
+
+    if importlib.util.find_spec("flexgen") is not None:
+        pytest.skip("flexgen is installed here")
+    spec = tmp_path / "spec.json"
+    out = tmp_path / "out.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "config": {"model": {"preset": "opt-6.7b"}, "workload": {}},
+                "offload_dir": str(tmp_path),
+                "decode_steps": 1,
+                "out": str(out),
+            }
+        )
+    )
+    assert peer_main([str(spec)]) == 1
+    assert "not installed" in json.loads(out.read_text())["error"]
