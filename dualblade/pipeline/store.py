@@ -129,7 +129,11 @@ class KVContext:
     def _check_layer(self, layer: int) -> None:
         if self._closed:
             raise ContextClosedError(f"context {self.id} is closed")
-        if not isinstance(layer, int) or not 0 <= layer < self.num_layers:
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, int)
+            or not 0 <= layer < self.num_layers
+        ):
             raise KVShapeError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
 
     def _check_intact(self, layer: int) -> None:
@@ -349,7 +353,16 @@ class KVContext:
         self._check_layer(layer)
         self._check_intact(layer)
         written = self._lengths[layer]
-        start, stop = rows if rows is not None else (0, written)
+        if rows is None:
+            start, stop = 0, written
+        elif (
+            isinstance(rows, tuple | list)
+            and len(rows) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in rows)
+        ):
+            start, stop = rows
+        else:
+            raise KVShapeError(f"rows must be a (start, stop) pair of ints, got {rows!r}")
         if not 0 <= start < stop <= written:
             raise KVShapeError(
                 f"rows [{start}, {stop}) of layer {layer} were never written "
