@@ -55,8 +55,16 @@ AutoSize = Annotated[
 ]
 
 
+#: Far above any real decoder (the largest have a few hundred layers); a bound keeps a typo such
+#: as ``num_layers = 1e12`` a config error instead of a planner that runs out of memory.
+MAX_LAYERS = 10_000
+
+
 def _expand(path: Path) -> Path:
-    return path.expanduser()
+    try:
+        return path.expanduser()
+    except RuntimeError:  # ``~name`` of a user that does not exist
+        raise ValueError(f"{path}: cannot expand '~' (no such user or no home folder)") from None
 
 
 #: A path in which a leading ``~`` is expanded.
@@ -90,7 +98,12 @@ class ModelSection(_Section):
     """A named preset, or an explicit shape; with a preset, given fields override it."""
 
     preset: str | None = Field(default=None, description=f"One of: {', '.join(PRESETS)}.")
-    num_layers: int | None = Field(default=None, gt=0)
+    num_layers: int | None = Field(
+        default=None,
+        gt=0,
+        le=MAX_LAYERS,
+        description=f"Decoder layers (at most {MAX_LAYERS}: planning lists every layer).",
+    )
     hidden_size: int | None = Field(default=None, gt=0)
     num_heads: int | None = Field(default=None, gt=0)
     num_kv_heads: int | None = Field(
