@@ -19,7 +19,7 @@ import mmap
 import threading
 from typing import TYPE_CHECKING, Final
 
-from dualblade.io_engine.errors import BufferBusyError
+from dualblade.io_engine.errors import BufferBusyError, IOEngineError
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +56,14 @@ class AlignedBuffer:
         self.size = -(-size // PAGE_SIZE) * PAGE_SIZE
         self.huge = huge and _thp_available() and self.size >= HUGE_PAGE_SIZE
         alignment = HUGE_PAGE_SIZE if self.huge else PAGE_SIZE
-        self._map = mmap.mmap(-1, self.size + alignment - PAGE_SIZE)
+        try:
+            self._map = mmap.mmap(-1, self.size + alignment - PAGE_SIZE)
+        except (OSError, OverflowError) as error:
+            reason = error.strerror if isinstance(error, OSError) else "too large"
+            raise IOEngineError(
+                f"cannot allocate a {self.size}-byte I/O buffer: {reason} (the pinned buffers "
+                "hold one KPU each: lower batch, max length or copy_threads)"
+            ) from None
         base = ctypes.addressof(ctypes.c_char.from_buffer(self._map))
         self._start = (-base) % alignment
         if self.huge and hasattr(mmap, "MADV_HUGEPAGE"):
