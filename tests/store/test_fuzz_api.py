@@ -215,3 +215,31 @@ def test_fuzzed_calls_give_our_errors_or_exact_results(
             got_k, got_v = ctx.read(layer)
             assert _same(got_k, k)
             assert _same(got_v, v)
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("field", "value"), [("hidden_size", 2**36), ("num_heads", 1)])
+async def test_a_kpu_too_large_for_memory_is_our_error(
+    tmp_path: Path, field: str, value: int
+) -> None:
+    """The pinned buffers hold one KPU each; one that cannot be allocated is a DualbladeError
+    naming the buffer (mmap's bare OSError before)."""
+    from dualblade.pipeline.store import open_store
+
+    model: dict[str, Any] = {"num_layers": 2, "hidden_size": 2**36, "num_heads": 8}
+    model[field] = value
+    config = config_from_mapping(
+        {
+            "model": model,
+            "workload": {"batch": 4, "prompt_len": 16, "max_new_tokens": 0},
+            "memory": {"page_cache_budget": "8MiB"},
+            "storage": {
+                "direct": {"path": str(tmp_path / "d.kv")},
+                "page_cache_dir": str(tmp_path),
+            },
+        },
+        env={},
+    )
+    with pytest.raises(DualbladeError, match="buffer"):
+        async with open_store(config, device="cpu"):
+            pytest.fail("a store with terabyte KPUs must not open")
