@@ -206,14 +206,13 @@ def _storage_read_bytes() -> int:
 def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Bytes read per path during decode and the hit rates.
 
-    ``hit_rate`` is the share of all KV bytes read during decode that were served from the page
-    cache: bytes requested through the page-cache (or mmap) path minus the bytes the kernel had
-    to fetch for them from storage — what the process read from storage (``/proc/self/io``)
-    beyond its own O_DIRECT reads — over all KV bytes read; direct reads are never hits. Pages
-    that readahead fetched count as misses, as in ``cachestat``. ``page_cache_path_hit_rate`` is
-    the same over the page-cache path's bytes alone, and ``resident_at_request_rate`` the share
-    of them that ``mincore`` found resident just before each read (readahead triggered by the
-    previous piece makes that one higher).
+    ``hit_rate`` is the share of all KV bytes read during decode that were resident in the page
+    cache when their read was requested (``mincore`` over each whole read before it starts, so
+    that readahead within a read does not count); direct reads are never hits.
+    ``page_cache_path_hit_rate`` is the same over the page-cache (or mmap) path's bytes alone.
+    ``decode_storage_read_bytes`` is what the whole process made the kernel fetch from storage
+    (``/proc/self/io``): besides KV misses and direct reads it holds whatever else the process
+    pages in, such as the CUDA libraries on their first use.
     """
     before, at_decode, after = marks["prefill_start"], marks["decode_start"], marks["decode_end"]
     reads = {
@@ -221,9 +220,7 @@ def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
         for path in after["read_bytes"]
     }
     total = sum(reads.values())
-    cached_path = total - reads.get("direct", 0)
     fetched = after["storage_read_bytes"] - at_decode["storage_read_bytes"]
-    missed = min(cached_path, max(0, fetched - reads.get("direct", 0)))
     resident = after["cache_hit_bytes"] - at_decode["cache_hit_bytes"]
     looked_up = after["cache_lookup_bytes"] - at_decode["cache_lookup_bytes"]
     written = {
@@ -233,9 +230,8 @@ def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "decode_read_bytes": reads,
         "prefill_write_bytes": written,
-        "hit_rate": (cached_path - missed) / total if total else 0.0,
-        "page_cache_path_hit_rate": (cached_path - missed) / cached_path if cached_path else None,
-        "resident_at_request_rate": resident / looked_up if looked_up else None,
+        "hit_rate": resident / total if total else 0.0,
+        "page_cache_path_hit_rate": resident / looked_up if looked_up else None,
         "decode_storage_read_bytes": fetched,
     }
 

@@ -33,7 +33,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--repeats", type=int, help="runs per (policy, limit); medians reported")
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     parser.add_argument(
-        "--work-dir", type=Path, help="where the runs' files go (default: the cache dir)"
+        "--work-dir",
+        type=Path,
+        help="where the runs' files go (default: the cache dir); overrides a config's storage",
     )
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda if available)")
     parser.add_argument(
@@ -74,6 +76,8 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         label = f"preset {preset.name}"
         limits = list(preset.limits)
         steps = preset.decode_steps
+    if args.work_dir is not None:
+        pipeline.pop("storage", None)
     if args.memory_limits:
         limits = [parse_size(part) for part in args.memory_limits.split(",") if part.strip()]
     policies = (

@@ -10,8 +10,8 @@
 - :class:`MmapSpan` — the FlexLLMGen-style baseline: the same file through a shared memory map
   (numpy ``memmap`` semantics), a CPU copy between the mapping and the pinned buffer.
 
-Every span counts its page-cache hits (bytes resident just before a read, by ``mincore``) into a
-shared :class:`PathCounters`.
+Every span counts the bytes it moves into a shared :class:`PathCounters`; :func:`count_residency`
+adds a whole read's page-cache hits (bytes resident, by ``mincore``, before any of it is read).
 """
 
 from __future__ import annotations
@@ -126,8 +126,6 @@ class PageCacheSpan:
         return _piece(self, buffer_offset, nbytes)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
-        hit = self.file.resident_bytes(self.file_offset, self.nbytes)
-        self.counters.add_lookup(self.nbytes, hit)
         await self.engine.pread(
             self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
         )
@@ -177,11 +175,22 @@ class MmapSpan:
         return _piece(self, buffer_offset, nbytes)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
-        hit = self.file.resident_bytes(self.file_offset, self.nbytes)
-        self.counters.add_lookup(self.nbytes, hit)
         await anyio.to_thread.run_sync(self._copy, True, buffer)
         self.counters.add(self.path, read=self.nbytes)
 
     async def write_from(self, buffer: AlignedBuffer) -> None:
         await anyio.to_thread.run_sync(self._copy, False, buffer)
         self.counters.add(self.path, written=self.nbytes)
+
+
+def count_residency(span: DirectSpan | PageCacheSpan | MmapSpan) -> None:
+    """Count how much of a read through the page cache is resident *before* it starts.
+
+    Called once per read, for the whole span, before the copy thread splits it into pieces:
+    checked piece by piece, the readahead that one piece triggers would make the next piece look
+    cached, and a file read cold would show a hit rate near that of a warm one.
+    """
+    if isinstance(span, DirectSpan):
+        return
+    hit = span.file.resident_bytes(span.file_offset, span.nbytes)
+    span.counters.add_lookup(span.nbytes, hit)

@@ -53,7 +53,7 @@ from dualblade.pipeline.planner import Plan
 from dualblade.pipeline.runtime import Runtime, start_runtime
 from dualblade.pipeline.sizes import BlockCount, ByteCount, Lba
 from dualblade.pipeline.slicing import RowRange, plan_slice
-from dualblade.pipeline.spans import DirectSpan, MmapSpan, PageCacheSpan
+from dualblade.pipeline.spans import DirectSpan, MmapSpan, PageCacheSpan, count_residency
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 _log = structlog.get_logger(__name__)
@@ -257,6 +257,7 @@ class KVContext:
         self, layer: int, tensor: TensorKind, rows: RowRange, destination: torch.Tensor
     ) -> TransferStats:
         span, view = await self._span(layer, tensor, rows)
+        count_residency(span)
         reply: Reply[TransferStats] = Reply()
         return await self._transfer(Load(span, view, destination, reply), reply)
 
