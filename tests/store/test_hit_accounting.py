@@ -47,8 +47,10 @@ async def test_cold_read_counts_no_hits_and_warm_read_counts_all(
         warm = counters.snapshot()
 
     def delta(a: dict[str, object], b: dict[str, object], key: str) -> int:
-        value = int(b[key]) - int(a[key])  # type: ignore[call-overload]
-        return value
+        after, earlier = b[key], a[key]
+        assert isinstance(after, int)
+        assert isinstance(earlier, int)
+        return after - earlier
 
     looked_up = delta(before, cold, "cache_lookup_bytes")
     assert looked_up == 2 * 1020 * 4096
