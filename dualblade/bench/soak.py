@@ -149,12 +149,18 @@ class Ledger:
     during_cancel: Counter[str] = field(default_factory=Counter)
     absorbed: Counter[str] = field(default_factory=Counter)  # short/slow: retried, invisible
     swallowed: Counter[str] = field(default_factory=Counter)
-    unexpected: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)  # the first few
+    unexpected_count: int = 0
 
     def mismatch(self, what: str) -> None:
         self.mismatches += 1
         if len(self.mismatch_examples) < 10:
             self.mismatch_examples.append(what)
+
+    def unexpected_error(self, what: str) -> None:
+        self.unexpected_count += 1
+        if len(self.unexpected) < 20:
+            self.unexpected.append(what)
 
     def attributed(self) -> Counter[str]:
         """Faults accounted to some operation, by kind."""
@@ -350,14 +356,14 @@ class Soak:
         if isinstance(error, InjectedIOError):
             match = [f for f in hard if f.serial == error.serial]
             if not match:
-                ledger.unexpected.append(
+                ledger.unexpected_error(
                     f"context {ctx.id} {op}: fault #{error.serial} is not one of its own"
                 )
             for fault in hard:
                 bucket = ledger.surfaced if fault in match else ledger.coalesced
                 bucket[fault.kind.value] += 1
         elif error is not None:
-            ledger.unexpected.append(f"context {ctx.id} {op}: {type(error).__name__}: {error}")
+            ledger.unexpected_error(f"context {ctx.id} {op}: {type(error).__name__}: {error}")
             for fault in hard:
                 ledger.coalesced[fault.kind.value] += 1
         elif cut:
@@ -393,14 +399,18 @@ class _Sampler:
                     f"faults {soak.faulty.serial}"
                 )
 
-    def windows(self, seconds: float) -> tuple[float, list[dict[str, Any]]]:
-        """Per-minute windows (halves of runs under two minutes): last and peak readings."""
+    def windows(self, seconds: float, slack: float) -> tuple[float, list[dict[str, Any]]]:
+        """Per-minute windows (halves of runs under two minutes): last and peak readings.
+
+        A window's reading is its last sample, taken up to ``slack`` seconds after its end (the
+        sampler's tick): the first window's is the state after warm-up, at the end of minute 1.
+        """
         width = 60.0 if seconds >= 120 else seconds / 2
         count = max(1, math.ceil(seconds / width - 1e-9))
         out = []
         for index in range(count):
-            low, high = index * width, (index + 1) * width
-            inside = [s for t, s in self.samples if low < t <= high + width * 0.1]
+            low, high = index * width + slack, (index + 1) * width + slack
+            inside = [s for t, s in self.samples if low < t <= high]
             inside = inside or [s for t, s in self.samples if t <= high][-1:]
             if not inside:
                 continue
@@ -450,7 +460,7 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
     wrapped: list[FaultyTarget] = []
 
     def wrap(target: Target) -> Target:
-        wrapped.append(FaultyTarget(target, policy, history=1_000_000))
+        wrapped.append(FaultyTarget(target, policy, history=100_000))
         return wrapped[-1]
 
     fds_before, threads_before = open_fds(), live_threads()
@@ -480,6 +490,7 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
         soak.ledger,
         injected,
         sampler,
+        sample_s,
         elapsed,
         leaks={
             "fds": leaked_fds,
@@ -499,6 +510,7 @@ def _document(
     ledger: Ledger,
     injected: dict[str, int],
     sampler: _Sampler,
+    sample_s: float,
     elapsed: float,
     leaks: dict[str, Any],
 ) -> dict[str, Any]:
@@ -507,8 +519,10 @@ def _document(
         kind.value: injected.get(kind.value, 0) - attributed.get(kind.value, 0)
         for kind in FaultKind
     }
-    faults_ok = not any(unattributed.values()) and not ledger.swallowed and not ledger.unexpected
-    width, windows = sampler.windows(options.seconds)
+    faults_ok = (
+        not any(unattributed.values()) and not ledger.swallowed and not ledger.unexpected_count
+    )
+    width, windows = sampler.windows(options.seconds, slack=sample_s * 0.5)
     growth = None
     if len(windows) >= 2:
         first = windows[0]["rss_bytes"]
@@ -551,7 +565,8 @@ def _document(
             "absorbed_short_or_slow": dict(ledger.absorbed),
             "swallowed": dict(ledger.swallowed),
             "unattributed": unattributed,
-            "unexpected_errors": ledger.unexpected[:20],
+            "unexpected_errors": ledger.unexpected_count,
+            "unexpected_examples": ledger.unexpected,
             "accounted": faults_ok,
         },
         "memory": {
