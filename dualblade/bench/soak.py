@@ -460,7 +460,7 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
     wrapped: list[FaultyTarget] = []
 
     def wrap(target: Target) -> Target:
-        wrapped.append(FaultyTarget(target, policy, history=100_000))
+        wrapped.append(FaultyTarget(target, policy, history=10_000))
         return wrapped[-1]
 
     fds_before, threads_before = open_fds(), live_threads()
