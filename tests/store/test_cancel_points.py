@@ -181,11 +181,20 @@ async def _check_victim(ctx: KVContext, op: str, cut: bool, expected: Any) -> No
         assert torch.equal(v, old[1])
 
 
-@pytest.mark.parametrize("policy", ["direct", "dual", "baseline"])
+@pytest.mark.parametrize(
+    ("policy", "compat"),
+    [("direct", "off"), ("dual", "off"), ("baseline", "off"), ("direct", "on")],
+)
 @pytest.mark.parametrize("op", ["write", "append", "read"])
 async def test_cancel_at_every_await_point(
-    make_config: MakeConfig, points: CancelPoints, policy: str, op: str
+    make_config: MakeConfig,
+    points: CancelPoints,
+    monkeypatch: pytest.MonkeyPatch,
+    policy: str,
+    compat: str,
+    op: str,
 ) -> None:
+    monkeypatch.setenv("DUALBLADE_COMPAT", compat)  # the ring, or the thread-pool engine
     config = make_config(policy, prompt_len=ROWS, max_new_tokens=2)
     async with open_store(config, device="cpu") as store:
         async with store.context() as ctx:
