@@ -15,7 +15,7 @@ import random
 import anyio
 import pytest
 
-from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
+from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError, PageCacheFile
 from dualblade.io_engine.targets.faulty import (
     FaultKind,
     FaultPolicy,
@@ -165,3 +165,24 @@ def test_policy_rejects_nonsense() -> None:
 def test_policy_is_repeatable() -> None:
     a, b = FaultPolicy(0.3, seed=5), FaultPolicy(0.3, seed=5)
     assert [a.decide("write") for _ in range(200)] == [b.decide("write") for _ in range(200)]
+
+
+@pytest.mark.parametrize("kind", list(FaultKind))
+async def test_faults_on_the_page_cache_path(
+    engine: IOEngine, tmp_path: os.PathLike[str], buffer: AlignedBuffer, kind: FaultKind
+) -> None:
+    """Buffered files (Group 1) take the same faults; short transfers of odd byte counts too."""
+    with PageCacheFile(os.path.join(tmp_path, "kpu.bin"), 1 << 20) as file:
+        faulty = FaultyTarget(file, FaultPolicy(1.0, kinds=(kind,), slow_s=0.0005))
+        payload = os.urandom(300_001)  # not a multiple of anything
+        buffer.view[: len(payload)] = payload
+        if kind.hard:
+            with pytest.raises(IOFailedError) as caught:
+                await engine.pwrite(faulty, buffer, len(payload), 7)
+            assert isinstance(caught.value, InjectedIOError)
+            assert buffer.inflight == 0
+            return
+        assert await engine.pwrite(faulty, buffer, len(payload), 7) == len(payload)
+        buffer.view[: len(payload)] = bytes(len(payload))
+        assert await engine.pread(faulty, buffer, len(payload), 7) == len(payload)
+        assert bytes(buffer.view[: len(payload)]) == payload
