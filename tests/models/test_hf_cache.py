@@ -24,7 +24,7 @@ from transformers import DynamicCache  # noqa: E402
 
 from dualblade.errors import ConfigError  # noqa: E402
 from dualblade.models.hf_cache import DualBladeCache, DualBladeCacheError  # noqa: E402
-from dualblade.pipeline import config_from_mapping  # noqa: E402
+from dualblade.pipeline import StorageSection, config_from_mapping  # noqa: E402
 from dualblade.pipeline.blocking import open_store_blocking  # noqa: E402
 from dualblade.pipeline.planner import layer_page_cache_bytes  # noqa: E402
 
@@ -354,6 +354,33 @@ def test_models_without_per_token_attention_kv_are_refused(tiny_config):
     tiny_config.layer_types = ["full_attention", "linear_attention"]
     with pytest.raises(DualBladeCacheError, match="linear_attention"):
         DualBladeCache(tiny_config, 8)
+
+
+def test_settings_from_a_pipeline_config(tiny_config, tmp_path):
+    """A whole PipelineConfig gives every section but model and workload, which are the cache's;
+    policy and storage arguments win over it."""
+    base = config_from_mapping(
+        {
+            "model": {"preset": "opt-125m"},
+            "workload": {"batch": 8, "prompt_len": 256, "max_new_tokens": 16},
+            "copy_threads": 3,
+            "policy": "baseline",
+        },
+        env={},
+    )
+    storage = StorageSection.model_validate(_storage(tmp_path))
+    cache = DualBladeCache(tiny_config, 12, pipeline=base, policy="direct", storage=storage)
+    config = cache.config_for(5, torch.bfloat16)
+    assert (config.copy_threads, config.policy, config.storage) == (3, "direct", storage)
+    shape = config.shape()
+    assert (shape.num_layers, shape.num_kv_heads, shape.head_dim, shape.dtype) == (
+        2,
+        2,
+        8,
+        "bfloat16",
+    )
+    assert (config.workload.batch, config.workload.max_len) == (5, 12)
+    cache.close()
 
 
 def test_bad_settings_fail_at_construction(tiny_config):
