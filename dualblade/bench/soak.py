@@ -417,7 +417,7 @@ class _Sampler:
             out.append(
                 {
                     "window": index + 1,
-                    "end_s": round(high, 1),
+                    "end_s": round(high - slack, 1),
                     "rss_bytes": inside[-1].rss_bytes,
                     "rss_peak_bytes": max(s.rss_bytes for s in inside),
                     "locked_bytes": inside[-1].locked_bytes,
@@ -565,6 +565,17 @@ def _document(
             "absorbed_short_or_slow": dict(ledger.absorbed),
             "swallowed": dict(ledger.swallowed),
             "unattributed": unattributed,
+            "by_type": {
+                kind.value: {
+                    "injected": injected.get(kind.value, 0),
+                    "surfaced": ledger.surfaced.get(kind.value, 0),
+                    "coalesced": ledger.coalesced.get(kind.value, 0),
+                    "during_cancellation": ledger.during_cancel.get(kind.value, 0),
+                    "absorbed": ledger.absorbed.get(kind.value, 0),
+                    "swallowed": ledger.swallowed.get(kind.value, 0),
+                }
+                for kind in FaultKind
+            },
             "unexpected_errors": ledger.unexpected_count,
             "unexpected_examples": ledger.unexpected,
             "accounted": faults_ok,

@@ -62,6 +62,13 @@ def test_short_soak_passes_on_both_engines(
         == faults["injected_hard"]
     )
     assert not faults["swallowed"]
+    for kind, row in faults["by_type"].items():
+        if kind in ("eio", "enospc"):
+            assert (
+                row["injected"] == row["surfaced"] + row["coalesced"] + row["during_cancellation"]
+            )
+        else:
+            assert row["injected"] == row["absorbed"]  # short and slow never surface
     assert set(report["errors_by_type"]) <= {"InjectedIOError"}
     assert report["cancellations"] > 0
     assert report["leaks"]["fds"] == []
