@@ -50,6 +50,7 @@ _PROTOTYPES: dict[str, tuple[object, tuple[object, ...]]] = {
     "io_uring_prep_cancel64": (None, (_c_void_p, _c_u64, _c_int)),
     "io_uring_prep_nop": (None, (_c_void_p,)),
     "io_uring_sqe_set_data64": (None, (_c_void_p, _c_u64)),
+    "io_uring_sqe_set_flags": (None, (_c_void_p, _c_uint)),
     "io_uring_get_probe": (_c_void_p, ()),
     "io_uring_free_probe": (None, (_c_void_p,)),
     "io_uring_opcode_supported": (_c_int, (_c_void_p, _c_int)),

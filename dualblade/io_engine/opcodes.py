@@ -48,10 +48,13 @@ class Read:
     addr: int
     length: int
     offset: int
+    flags: int = 0  # IOSQE_* (e.g. IOSQE_ASYNC)
 
     def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
         lib.io_uring_prep_read(sqe, self.fd, self.addr, self.length, self.offset)
         lib.io_uring_sqe_set_data64(sqe, user_data)
+        if self.flags:
+            lib.io_uring_sqe_set_flags(sqe, self.flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,10 +66,13 @@ class Write:
     addr: int
     length: int
     offset: int
+    flags: int = 0  # IOSQE_* (e.g. IOSQE_ASYNC)
 
     def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
         lib.io_uring_prep_write(sqe, self.fd, self.addr, self.length, self.offset)
         lib.io_uring_sqe_set_data64(sqe, user_data)
+        if self.flags:
+            lib.io_uring_sqe_set_flags(sqe, self.flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +85,15 @@ class ReadFixed:
     length: int
     offset: int
     buf_index: int
+    flags: int = 0  # IOSQE_* (e.g. IOSQE_ASYNC)
 
     def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
         lib.io_uring_prep_read_fixed(
             sqe, self.fd, self.addr, self.length, self.offset, self.buf_index
         )
         lib.io_uring_sqe_set_data64(sqe, user_data)
+        if self.flags:
+            lib.io_uring_sqe_set_flags(sqe, self.flags)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +106,15 @@ class WriteFixed:
     length: int
     offset: int
     buf_index: int
+    flags: int = 0  # IOSQE_* (e.g. IOSQE_ASYNC)
 
     def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
         lib.io_uring_prep_write_fixed(
             sqe, self.fd, self.addr, self.length, self.offset, self.buf_index
         )
         lib.io_uring_sqe_set_data64(sqe, user_data)
+        if self.flags:
+            lib.io_uring_sqe_set_flags(sqe, self.flags)
 
 
 @dataclass(frozen=True, slots=True)

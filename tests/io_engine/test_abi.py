@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+from pathlib import Path
 
 import pytest
 
@@ -154,3 +155,21 @@ def test_library_reports_a_version() -> None:
     lib = _liburing.load()
     major, minor = (int(x) for x in lib.version.split("."))
     assert (major, minor) >= (2, 4)
+
+
+def test_sqe_flags_are_set_only_when_asked(tmp_path: Path) -> None:
+    plain = _built(opcodes.Read(fd=7, addr=0x1000, length=4096, offset=0), 1)
+    assert plain.flags == 0
+    punted = _built(opcodes.Write(7, 0x1000, 4096, 0, flags=_uapi.IOSQE_ASYNC), 1)
+    assert punted.flags == _uapi.IOSQE_ASYNC
+    fixed = _built(opcodes.ReadFixed(7, 0x1000, 4096, 0, 2, flags=_uapi.IOSQE_ASYNC), 1)
+    assert (fixed.flags, fixed.buf_index) == (_uapi.IOSQE_ASYNC, 2)
+    # The page-cache path's copies run on io_uring's workers, not inline on the ring thread.
+    from dualblade.io_engine import PageCacheFile
+
+    file = PageCacheFile(tmp_path / "f", 4096)
+    try:
+        op = file.io_op(False, 0x1000, 4096, 0, None)
+        assert _built(op, 1).flags == _uapi.IOSQE_ASYNC
+    finally:
+        file.close()

@@ -40,6 +40,8 @@ class Target(ABC):
     threadpool_capable: bool = True
     #: The largest range one trim command may cover (the engine splits longer trims).
     max_trim: int = 1 << 62
+    #: ``IOSQE_*`` flags set on every read and write command to this target.
+    sqe_flags: int = 0
 
     # -- validation ---------------------------------------------------------------------------
     def check_io(self, op: str, offset: int, length: int, address: int | None) -> None:
@@ -73,9 +75,9 @@ class Target(ABC):
         """The command that moves ``length`` bytes between ``address`` and ``offset``."""
         if buf_index is None:
             cls_plain = opcodes.Write if write else opcodes.Read
-            return cls_plain(self.fd, address, length, offset)
+            return cls_plain(self.fd, address, length, offset, self.sqe_flags)
         cls_fixed = opcodes.WriteFixed if write else opcodes.ReadFixed
-        return cls_fixed(self.fd, address, length, offset, buf_index)
+        return cls_fixed(self.fd, address, length, offset, buf_index, self.sqe_flags)
 
     def transferred(self, op: str, res: int, length: int, offset: int, extra: int) -> int:
         """Bytes a completion moved; ``res`` is the CQE result, ``extra`` the big-CQE word.

@@ -11,6 +11,7 @@ import mmap
 import os
 from pathlib import Path
 
+from dualblade.io_engine._uapi import IOSQE_ASYNC
 from dualblade.io_engine.errors import TargetError
 from dualblade.io_engine.targets.base import Target
 
@@ -18,11 +19,20 @@ from dualblade.io_engine.targets.base import Target
 class PageCacheFile(Target):
     """A regular file used through the page cache.
 
+    Its commands carry ``IOSQE_ASYNC``: a buffered read of cached pages (or a buffered write)
+    is a memory copy that io_uring would otherwise do inline, on the one thread that submits —
+    the ring thread, for every copy thread of the store at once. Punted to io_uring's worker
+    threads the copies of different files run on different CPUs (measured on the GPU machine:
+    the page-cache path moved 1.9 GB/s through the inline ring thread, while FlexGen's four
+    threads copied 7 GB/s from the same cache).
+
     Args:
         path: the file; parent folders are created.
         size: the file is extended (sparse) to at least this many bytes.
         max_transfer: the largest single command in bytes.
     """
+
+    sqe_flags = IOSQE_ASYNC
 
     def __init__(
         self, path: str | os.PathLike[str], size: int, *, max_transfer: int = 1 << 20
