@@ -1,7 +1,8 @@
 """The GPU-DMA actor: copies between copy threads' pinned buffers and device tensors.
 
 With CUDA, copies run on the actor's own stream (``non_blocking`` from page-locked memory is a
-true DMA) and the actor waits for the stream's event off the event loop. On a CPU-only machine
+true DMA), ordered after the work already queued on the device's current stream (where the model
+computes), and the actor waits for the stream's event off the event loop. On a CPU-only machine
 the "device" is host memory and the copy is a host copy (inline: copy-thread pieces are about
 1 MiB), so every path of the pipeline runs and is tested here.
 
@@ -76,6 +77,11 @@ class GpuDmaActor(Actor[Copy]):
         for side in (message.source, message.destination):
             if side.device.type == "cpu" and not side.is_contiguous():
                 self.staged_copies += 1
+        # The device side was made (a d2h source: the model's K and V) or last used (an h2d
+        # destination: memory the caching allocator handed back) by work queued on the caller's
+        # stream; the DMA stream must not start before that work ends, or it copies rows that are
+        # not computed yet, or writes memory a kernel still reads.
+        self._stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self._stream):
             message.destination.copy_(message.source, non_blocking=True)
             done = torch.cuda.Event()  # type: ignore[no-untyped-call]
