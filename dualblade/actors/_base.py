@@ -191,8 +191,12 @@ class Actor(ABC, Generic[M]):
                 return
             raise
         except BaseException as error:
-            if isinstance(reply, Reply) and not isinstance(error, anyio.get_cancelled_exc_class()):
-                reply.fail(ActorStoppedError(f"actor {self.name} failed: {error!r}"))
+            if isinstance(reply, Reply):
+                # Cancelled (the owner is stopping) or a bug: the requester may wait for this
+                # answer however long it takes, so it gets one either way.
+                stopped = isinstance(error, anyio.get_cancelled_exc_class())
+                reason = "was stopped" if stopped else f"failed: {error!r}"
+                reply.fail(ActorStoppedError(f"actor {self.name} {reason}"))
             raise
         finally:
             self.handled += 1
