@@ -8,8 +8,9 @@ Any transformers decoder offloads its KV cache by taking this cache instead of i
                         policy="dual") as cache:
         ids = model.generate(input_ids, max_new_tokens=new_tokens, cache=cache)
 
-(transformers 5.x calls the argument ``cache``; ``past_key_values`` still works there but is
-deprecated.) One :class:`DualBladeLayer` per decoder layer forwards ``update`` to one context of
+(recent transformers 5.x, 5.24 here, call the argument ``cache``; earlier 5.x releases call
+it ``past_key_values``, which later ones still take with a FutureWarning. Tested with 5.0,
+5.17 and 5.24.) One :class:`DualBladeLayer` per decoder layer forwards ``update`` to one context of
 a blocking :class:`~dualblade.pipeline.blocking.BlockingStore`: the prefill writes rows
 ``[0, t)`` of the layer's K and V, each decode step appends one row and reads the whole layer
 back from the store. That read is the offload: between two steps the model holds no KV at all,
@@ -376,9 +377,14 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
             v, self.num_heads, self.head_dim
         )
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        """``(kv_length, kv_offset)``: every cached row plus the query, from position 0."""
-        return self.rows + query_length, 0
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
+        """``(kv_length, kv_offset)``: every cached row plus the query, from position 0.
+
+        transformers before about 5.10 passes the query's ``cache_position`` tensor instead of
+        its length.
+        """
+        length = query_length if isinstance(query_length, int) else query_length.shape[0]
+        return self.rows + length, 0
 
     def get_seq_length(self) -> int:
         """Rows the store holds for this layer."""
@@ -388,6 +394,10 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
         """The most rows the store can hold: ``max_cache_len``."""
         return self._backing.max_cache_len
 
+    def get_max_cache_shape(self) -> int:
+        """:meth:`get_max_length` under its earlier name (abstract in transformers 5.0)."""
+        return self._backing.max_cache_len
+
     def reset(self) -> None:
         """Forget the rows; the next update writes from row 0 again (the store stays open)."""
         self.rows = 0
@@ -395,18 +405,12 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
     def crop(self, tokens_to_remove: int) -> None:
         """Drop the last ``-tokens_to_remove`` rows (assisted decoding rolls back this way).
 
-        The store only appends after its last written row, so the kept rows are read and
-        written back as a fresh prefix.
-
-        Raises:
-            ValueError: a positive argument (transformers' legacy meaning, refused there too).
+        A positive argument is the length to keep, as early transformers 5 releases call it
+        (later ones only pass counts <= 0). The store only appends after its last written row,
+        so the kept rows are read and written back as a fresh prefix.
         """
-        if tokens_to_remove > 0:
-            raise ValueError(
-                f"crop takes a negative number of rows to remove, got {tokens_to_remove}"
-            )
-        keep = self.rows + tokens_to_remove
-        if tokens_to_remove == 0 or self.rows == 0:
+        keep = self.rows + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
+        if keep >= self.rows:
             return
         if keep <= 0:
             self.rows = 0
