@@ -18,7 +18,9 @@ import pytest
 from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError, PageCacheFile
 from dualblade.io_engine.targets.faulty import (
     FaultKind,
+    FaultLog,
     FaultPolicy,
+    FaultyPageCacheFile,
     FaultyTarget,
     InjectedIOError,
 )
@@ -186,3 +188,25 @@ async def test_faults_on_the_page_cache_path(
         buffer.view[: len(payload)] = bytes(len(payload))
         assert await engine.pread(faulty, buffer, len(payload), 7) == len(payload)
         assert bytes(buffer.view[: len(payload)]) == payload
+
+
+async def test_faulty_page_cache_file_keeps_its_page_cache_calls(
+    engine: IOEngine, tmp_path: os.PathLike[str], buffer: AlignedBuffer
+) -> None:
+    """The subclass injects like the wrapper, records into a shared log, and its residency,
+    fadvise and mmap calls stay those of a real page-cache file."""
+    log = FaultLog()
+    policy = FaultPolicy(1.0, kinds=(FaultKind.EIO,))
+    path = os.path.join(tmp_path, "kpu.bin")
+    file = FaultyPageCacheFile(path, 1 << 20, policy, log)
+    with file:
+        with pytest.raises(InjectedIOError) as caught:
+            await engine.pwrite(file, buffer, 64 << 10, 0)
+        assert caught.value.target == path
+        assert [f.target for f in log.injected] == [path] * len(log.injected)
+        policy.enabled = False
+        buffer.view[: 64 << 10] = b"x" * (64 << 10)
+        await engine.pwrite(file, buffer, 64 << 10, 0)
+        assert file.resident_bytes(0, 64 << 10) == 64 << 10
+        assert bytes(file.mmap()[:4]) == b"xxxx"
+        file.advise_dontneed()
