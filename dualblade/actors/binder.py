@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -94,6 +95,8 @@ class BinderActor(Actor[BinderMessage]):
         first_lba: the first block dualblade may use.
         n_blocks: blocks of the configured extent, or None for a file that grows to fit.
         page_cache_dir: folder of the page-cache files (one sub-folder per context).
+        file_factory: makes a page-cache file from its path and size (fault injection swaps in
+            :class:`~dualblade.io_engine.targets.faulty.FaultyPageCacheFile`).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class BinderActor(Actor[BinderMessage]):
         page_cache_dir: Path,
         *,
         tracer: Tracer = NULL_TRACER,
+        file_factory: Callable[[Path, int], PageCacheFile] = PageCacheFile,
     ) -> None:
         # Refuse a bad extent before the mailbox exists: a refused binder leaks no stream.
         growable = n_blocks is None
@@ -124,6 +128,7 @@ class BinderActor(Actor[BinderMessage]):
         self.lba_size = direct.lba_size
         self.allocator = ExtentAllocator(first_lba, n_blocks or 0, growable=growable)
         self.page_cache_dir = page_cache_dir
+        self.file_factory = file_factory
         self._held: dict[int, _ContextHoldings] = {}
         self.trimmed_blocks = 0
 
@@ -142,7 +147,7 @@ class BinderActor(Actor[BinderMessage]):
             if target is None:
                 folder = self.page_cache_dir / f"context-{message.context}"
                 with self.tracer.span(self.name, "create file", file=message.name):
-                    target = PageCacheFile(folder / message.name, message.size)
+                    target = self.file_factory(folder / message.name, message.size)
                 holdings.files[message.name] = target
             message.reply.set(target)
         elif isinstance(message, ReleaseContext):

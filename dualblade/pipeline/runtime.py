@@ -37,6 +37,7 @@ from dualblade.io_engine import (
     DirectFile,
     IOEngine,
     NvmeNamespace,
+    PageCacheFile,
     Target,
 )
 from dualblade.io_engine.targets.direct_file import DIRECT_FILE_ALIGNMENT
@@ -221,11 +222,13 @@ async def start_runtime(
     memory_limit: int | None = None,
     budget_interval: float = 1.0,
     wrap_direct: Callable[[Target], Target] | None = None,
+    page_cache_file: Callable[[Path, int], PageCacheFile] = PageCacheFile,
 ) -> AsyncIterator[Runtime]:
     """Open targets and engine, start the actors, yield the runtime, then stop it all.
 
     ``wrap_direct`` replaces the opened direct target by a wrapper of it (the soak and the
-    fault tests wrap it in a :class:`~dualblade.io_engine.targets.faulty.FaultyTarget`).
+    fault tests wrap it in a :class:`~dualblade.io_engine.targets.faulty.FaultyTarget`);
+    ``page_cache_file`` makes the page-cache files (a ``FaultyPageCacheFile`` there).
 
     Raises:
         ConfigError, TargetError, IoUringUnavailableError: the config cannot run here; the
@@ -258,7 +261,15 @@ async def start_runtime(
         )
         page_cache_dir = Path(config.storage.page_cache_dir) / f"store-{id(buffers):x}"
         # The binder first: it may refuse the extent, and no other actor exists yet to leak.
-        binder = BinderActor(engine, direct, first_lba, n_blocks, page_cache_dir, tracer=tracer)
+        binder = BinderActor(
+            engine,
+            direct,
+            first_lba,
+            n_blocks,
+            page_cache_dir,
+            tracer=tracer,
+            file_factory=page_cache_file,
+        )
         budgeter = BudgeterActor(
             lambda: _budget_reader(config, memory_limit),
             interval=0 if fixed else budget_interval,

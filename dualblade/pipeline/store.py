@@ -26,6 +26,7 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -497,6 +498,7 @@ async def open_store(
     tracer: Tracer = NULL_TRACER,
     memory_limit: int | None = None,
     wrap_direct: Callable[[Target], Target] | None = None,
+    page_cache_file: Callable[[Path, int], PageCacheFile] = PageCacheFile,
 ) -> AsyncIterator[KVStore]:
     """Start a store for ``config`` (see the module docstring).
 
@@ -505,6 +507,7 @@ async def open_store(
         tracer: receives the actors' trace events.
         memory_limit: plan against this limit instead of the discovered one.
         wrap_direct: wraps the opened direct target (fault injection in tests and the soak).
+        page_cache_file: makes page-cache files from path and size (fault injection too).
     """
     resolved = torch.device(device) if device is not None else _default_device()
     async with start_runtime(
@@ -513,5 +516,6 @@ async def open_store(
         tracer=tracer,
         memory_limit=memory_limit,
         wrap_direct=wrap_direct,
+        page_cache_file=page_cache_file,
     ) as runtime:
         yield KVStore(config, runtime)
