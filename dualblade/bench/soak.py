@@ -1,11 +1,14 @@
-"""The soak: many concurrent contexts, random faults and cancellations, every byte checked.
+r"""The soak: many concurrent contexts, random faults and cancellations, every byte checked.
 
 A store runs on a direct file (in a scratch folder it removes afterwards) wrapped in a
-:class:`~dualblade.io_engine.targets.faulty.FaultyTarget`. ``contexts`` workers each open a
+:class:`~dualblade.io_engine.targets.faulty.FaultyTarget`, with page-cache files that are
+:class:`~dualblade.io_engine.targets.faulty.FaultyPageCacheFile`\ s, so faults hit both paths
+(not the baseline's memory map, which bypasses the engine). ``contexts`` workers each open a
 context after another and drive it with random writes (prefills), appends (decode steps) and
 reads, some cancelled at a random moment, and compare every byte read with what the context
 stored. Injected faults are accounted for per operation: the faults that landed in the
-context's own direct run during the operation must have surfaced as that operation's error (one
+context's own storage (its direct run, its page-cache files) during the operation must have
+surfaced as that operation's error (one
 of them; the rest were *coalesced* into it), or the operation was cancelled; a hard fault that
 vanished (*swallowed*), an error nobody injected, or a fault in no one's run fails the soak.
 
@@ -18,6 +21,7 @@ and the binder must hold no extent or file.
 from __future__ import annotations
 
 import math
+import os
 import random
 import shutil
 import tempfile
@@ -44,7 +48,9 @@ from dualblade.errors import ConfigError, DualbladeError
 from dualblade.io_engine import Target
 from dualblade.io_engine.targets.faulty import (
     FaultKind,
+    FaultLog,
     FaultPolicy,
+    FaultyPageCacheFile,
     FaultyTarget,
     InjectedFault,
     InjectedIOError,
@@ -149,6 +155,7 @@ class Ledger:
     during_cancel: Counter[str] = field(default_factory=Counter)
     absorbed: Counter[str] = field(default_factory=Counter)  # short/slow: retried, invisible
     swallowed: Counter[str] = field(default_factory=Counter)
+    by_path: Counter[str] = field(default_factory=Counter)  # "direct" or "page-cache"
     unexpected: list[str] = field(default_factory=list)  # the first few
     unexpected_count: int = 0
 
@@ -188,16 +195,17 @@ class _ContextState:
     expected: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     lost: set[int] = field(default_factory=set)
     region: tuple[int, int] | None = None  # byte range of its direct run
+    direct_name: str = ""  # the direct target's name (page-cache files have their own)
 
 
 class Soak:
     """One soak run over an open store; :meth:`run_workers` drives it."""
 
     def __init__(
-        self, store: KVStore, faulty: FaultyTarget, options: SoakOptions, deadline: float
+        self, store: KVStore, faults: FaultLog, options: SoakOptions, deadline: float
     ) -> None:
         self.store = store
-        self.faulty = faulty
+        self.faults = faults
         self.options = options
         self.deadline = deadline
         self.ledger = Ledger()
@@ -223,6 +231,7 @@ class Soak:
             lba_map = await ctx.direct_map()
             size = lba_map.lba_size
             state.region = (lba_map.region.first_lba * size, lba_map.region.end * size)
+        state.direct_name = self.store.runtime.direct.name
         for _ in range(rng.randint(8, 40)):
             if time.monotonic() >= self.deadline:
                 break
@@ -284,7 +293,7 @@ class Soak:
             if rng.random() < 0.3 and before > 1:
                 start = rng.randrange(before)
                 rows_read = (start, rng.randint(start + 1, before))
-        mark = self.faulty.serial
+        mark = self.faults.serial
         error: DualbladeError | None = None
         result: Any = None
         delay = rng.uniform(0, 0.004) if cancel else math.inf
@@ -304,7 +313,7 @@ class Soak:
         ledger.cancellations += cut
         if error is not None:
             ledger.errors[type(error).__name__] += 1
-        self._account(ctx, state, op, self.faulty.since(mark), error, cut)
+        self._account(ctx, state, op, self.faults.since(mark), error, cut)
         done = error is None and not cut
         if op == "write":
             assert payload is not None
@@ -347,8 +356,9 @@ class Soak:
     ) -> None:
         """Match the faults injected into this context's run during ``op`` with its outcome."""
         ledger = self.ledger
-        region = state.region
-        mine = [f for f in faults if region is not None and region[0] <= f.offset < region[1]]
+        mine = [f for f in faults if _belongs(f, ctx, state)]
+        for fault in mine:
+            ledger.by_path["direct" if fault.target == state.direct_name else "page-cache"] += 1
         hard = [f for f in mine if f.kind.hard]
         for fault in mine:
             if not fault.kind.hard:
@@ -374,6 +384,14 @@ class Soak:
                 ledger.swallowed[fault.kind.value] += 1
 
 
+def _belongs(fault: InjectedFault, ctx: KVContext, state: _ContextState) -> bool:
+    """The fault hit this context's storage: its direct run, or one of its page-cache files."""
+    if fault.target == state.direct_name:
+        region = state.region
+        return region is not None and region[0] <= fault.offset < region[1]
+    return f"{os.sep}context-{ctx.id}{os.sep}" in fault.target
+
+
 @dataclass
 class _Sampler:
     """Memory samples ``(seconds since start, sample)``."""
@@ -396,7 +414,7 @@ class _Sampler:
                     f"{self.samples[-1][0]:7.1f} s  rss {sample.rss_bytes / 2**20:7.1f} MiB  "
                     f"verified {ledger.bytes_verified / 2**20:9.1f} MiB  "
                     f"ops {sum(ledger.ops.values())}  mismatches {ledger.mismatches}  "
-                    f"faults {soak.faulty.serial}"
+                    f"faults {soak.faults.serial}"
                 )
 
     def windows(self, seconds: float, slack: float) -> tuple[float, list[dict[str, Any]]]:
@@ -457,11 +475,13 @@ async def run_soak(options: SoakOptions, progress: Progress | None = None) -> di
 async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None) -> dict[str, Any]:
     config = soak_config(options, folder)
     policy = FaultPolicy(options.fault_rate, seed=options.seed, slow_s=0.001)
-    wrapped: list[FaultyTarget] = []
+    log = FaultLog(history=10_000)
 
     def wrap(target: Target) -> Target:
-        wrapped.append(FaultyTarget(target, policy, history=10_000))
-        return wrapped[-1]
+        return FaultyTarget(target, policy, log=log)
+
+    def page_cache_file(path: Path, size: int) -> FaultyPageCacheFile:
+        return FaultyPageCacheFile(path, size, policy, log)
 
     fds_before, threads_before = open_fds(), live_threads()
     pinned_before = memory_sample().pinned_bytes
@@ -469,9 +489,10 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
     start = time.monotonic()
     sampler = _Sampler(start)
     sampler.take()
-    async with open_store(config, device="cpu", wrap_direct=wrap) as store:
-        faulty = wrapped[0]
-        soak = Soak(store, faulty, options, start + options.seconds)
+    async with open_store(
+        config, device="cpu", wrap_direct=wrap, page_cache_file=page_cache_file
+    ) as store:
+        soak = Soak(store, log, options, start + options.seconds)
         async with anyio.create_task_group() as tg:
             tg.start_soon(sampler.run, sample_s, progress, soak)
             await soak.run_workers()
@@ -480,7 +501,7 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
         elapsed = time.monotonic() - start
         book = await _book(store)
         buffers = store.runtime.buffers
-        injected = {kind.value: n for kind, n in faulty.counts().items()}
+        injected = {kind.value: n for kind, n in log.counts().items()}
     leaked_fds = describe_fds(open_fds() - fds_before)
     leaked_threads = sorted(live_threads() - threads_before)
     busy_buffers = sum(b.inflight for b in buffers) + sum(not b.closed for b in buffers)
@@ -565,6 +586,7 @@ def _document(
             "absorbed_short_or_slow": dict(ledger.absorbed),
             "swallowed": dict(ledger.swallowed),
             "unattributed": unattributed,
+            "attributed_by_path": dict(ledger.by_path),
             "by_type": {
                 kind.value: {
                     "injected": injected.get(kind.value, 0),

@@ -71,6 +71,7 @@ def test_short_soak_passes_on_both_engines(
             assert row["injected"] == row["absorbed"]  # short and slow never surface
     assert set(report["errors_by_type"]) <= {"InjectedIOError"}
     assert report["cancellations"] > 0
+    assert set(faults["attributed_by_path"]) == {"direct", "page-cache"}  # dual: both paths
     assert report["leaks"]["fds"] == []
     assert report["leaks"]["threads"] == []
     assert report["leaks"]["extents_held"] == 0
