@@ -48,7 +48,8 @@ def test_iobench_small_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     direct = document["results"]["direct"]
     assert direct["write"]["runs"] == direct["read"]["runs"] == 2
     assert direct["read"]["median_bytes_per_s"] > 0
-    assert document["cpu_us_per_chunk"] > 0
+    # User CPU is sampled in scheduler ticks: 8 MiB of I/O may take less than one (0 then).
+    assert document["cpu_us_per_chunk"] >= 0
     if shutil.which("fio"):
         assert set(document["direct_vs_fio"]) == {"read", "write"}
         assert document["fio_cpu_us_per_chunk"] is not None
