@@ -194,14 +194,23 @@ async def run_sweep_workload(
             ]
             for s in range(decode_steps)
         ]
+        # Read buffers, one K/V pair per layer in flight, reused every step as an application
+        # reuses its own (a fresh tensor per read would time page faults, not KV movement).
+        prefetch = max(1, store.config.copy_threads)
+        size = (config.workload.max_len, config.workload.batch, shape.kv_width)
+        buffers = [
+            (
+                torch.empty(size, dtype=data.dtype, device=device),
+                torch.empty(size, dtype=data.dtype, device=device),
+            )
+            for _ in range(prefetch)
+        ]
         on_phase("decode_start")
         clock.decode_start = time.perf_counter()
         for step in range(decode_steps):
             start = time.perf_counter()
             async with store.iteration() as strategy:
-                verified += await _decode_step(
-                    ctx, data, rows[step], store.config.copy_threads, verify
-                )
+                verified += await _decode_step(ctx, data, rows[step], buffers, verify)
             step_s.append(time.perf_counter() - start)
             clock.step_ends.append(time.perf_counter())
             strategies.append(strategy)
@@ -215,10 +224,15 @@ async def _decode_step(
     ctx: KVContext,
     data: DerivedKV,
     new_rows: list[tuple[torch.Tensor, torch.Tensor]],
-    prefetch: int,
+    buffers: list[tuple[torch.Tensor, torch.Tensor]],
     verify: Verify,
 ) -> int:
-    """One decode step in layer order with ``prefetch`` layers' reads in flight."""
+    """One decode step in layer order with one read in flight per buffer pair.
+
+    Layer ``l`` reads into ``buffers[l % len(buffers)]``: the semaphore lets layer
+    ``l + len(buffers)`` start only after layer ``l`` was consumed (releases come in layer order).
+    """
+    prefetch = len(buffers)
     layers = len(new_rows)
     results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     ready = [anyio.Event() for _ in range(layers)]
@@ -226,7 +240,7 @@ async def _decode_step(
     checked = 0
 
     async def fetch(layer: int) -> None:
-        results[layer] = await ctx.read(layer)
+        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
         ready[layer].set()
 
     with plain_errors():

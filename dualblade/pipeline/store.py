@@ -88,6 +88,13 @@ class _Placed:
     group: str  # "page_cache" or "direct"
 
 
+def _on_device(tensor: torch.Tensor, device: torch.device) -> bool:
+    """``cuda`` (no index) means the current CUDA device: ``cuda:0`` tensors match it."""
+    if tensor.device.type != device.type:
+        return False
+    return device.index is None or tensor.device.index == device.index
+
+
 class KVContext:
     """One request's KV cache. Use through ``async with store.context() as ctx``."""
 
@@ -344,12 +351,23 @@ class KVContext:
         return t + 1
 
     async def read(
-        self, layer: int, rows: tuple[int, int] | None = None
+        self,
+        layer: int,
+        rows: tuple[int, int] | None = None,
+        *,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``[a, b)`` (default: all written rows) of a layer's K and V, on the device.
 
+        ``out``: tensors of ``[>= b - a, batch, width]`` on the store's device to read into
+        (their first ``b - a`` rows are filled and returned as views). A caller that reads every
+        step reuses its buffers this way; a fresh host tensor costs a page fault and a page of
+        zeroes per 4 KiB before the first byte is copied, which on the CPU path cost as much as
+        the copy itself.
+
         Raises:
-            KVShapeError: rows outside what was written.
+            KVShapeError: rows outside what was written; ``out`` of the wrong shape, dtype or
+                device.
             LayerLostError: an earlier write of the layer failed or was cancelled.
         """
         self._check_layer(layer)
@@ -372,11 +390,39 @@ class KVContext:
             )
         shape = (stop - start, self.batch, self.width)
         device = self._runtime.device
-        k = torch.empty(shape, dtype=self.dtype, device=device)
-        v = torch.empty(shape, dtype=self.dtype, device=device)
+        if out is None:
+            k = torch.empty(shape, dtype=self.dtype, device=device)
+            v = torch.empty(shape, dtype=self.dtype, device=device)
+        else:
+            k, v = self._out_views(out, shape)
         span = RowRange(start, stop)
         await self._both(lambda t: self._load_rows(layer, t, span, k if t == "K" else v))
         return k, v
+
+    def _out_views(
+        self, out: object, shape: tuple[int, int, int]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if not (isinstance(out, tuple | list) and len(out) == 2):
+            raise KVShapeError("out must be a (k, v) pair of tensors")
+        views = []
+        for name, tensor in zip("kv", out, strict=True):
+            if not isinstance(tensor, torch.Tensor):
+                raise KVShapeError(f"out {name} must be a tensor, got {type(tensor).__name__}")
+            if (
+                tensor.dim() != 3
+                or tensor.shape[0] < shape[0]
+                or tuple(tensor.shape[1:]) != shape[1:]
+                or tensor.dtype != self.dtype
+                or not _on_device(tensor, self._runtime.device)
+                or not tensor.is_contiguous()
+            ):
+                raise KVShapeError(
+                    f"out {name} is {tensor.dtype} {list(tensor.shape)} on {tensor.device}; "
+                    f"this read needs a contiguous {self.dtype} [>= {shape[0]}, {shape[1]}, "
+                    f"{shape[2]}] on {self._runtime.device}"
+                )
+            views.append(tensor[: shape[0]])
+        return views[0], views[1]
 
     async def close(self) -> None:
         """Deallocate the context's storage (TRIM its direct run, unlink its files)."""
