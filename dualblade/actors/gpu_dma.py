@@ -3,8 +3,8 @@
 With CUDA, copies run on the actor's own stream (``non_blocking`` from page-locked memory is a
 true DMA), ordered after the work already queued on the device's current stream (where the model
 computes), and the actor waits for the stream's event off the event loop. On a CPU-only machine
-the "device" is host memory and the copy is a host copy (inline: copy-thread pieces are about
-1 MiB), so every path of the pipeline runs and is tested here.
+the "device" is host memory and the copy is a host copy (on a worker thread for pieces of MiBs),
+so every path of the pipeline runs and is tested here.
 
 One copy at a time: DMAs are serialized on one stream, which is what both overlap strategies
 assume (Overlap-Intra: DMAs one after another; Overlap-Cross: a DMA overlaps the next storage
@@ -20,6 +20,9 @@ import torch
 
 from dualblade.actors._base import Actor, Reply
 from dualblade.telemetry import NULL_TRACER, Tracer
+
+#: Host copies of at least this many bytes run on a worker thread (see ``handle``).
+HOST_COPY_THREAD_BYTES = 2 << 20
 
 
 @dataclass(frozen=True)
@@ -61,11 +64,15 @@ class GpuDmaActor(Actor[Copy]):
         with self.tracer.span(self.name, f"{message.direction} {message.label}", bytes=nbytes):
             if self._stream is not None:
                 await self._cuda_copy(message)
-            else:
-                # Pieces are about 1 MiB (tens of microseconds to copy): cheaper inline than a
-                # worker-thread round trip (about 200 us measured here).
+            elif nbytes < HOST_COPY_THREAD_BYTES:
+                # A small copy (tens of microseconds) is cheaper inline than a worker-thread
+                # round trip (about 200 us measured here).
                 self._host_copy(message)
                 await anyio.lowlevel.checkpoint()
+            else:
+                # A piece of MiBs takes a millisecond or more: on a worker thread it runs beside
+                # the event loop (and the ring's completions) instead of stalling them.
+                await anyio.to_thread.run_sync(self._host_copy, message)
         if message.direction == "h2d":
             self.bytes_h2d += nbytes
         else:

@@ -10,19 +10,27 @@
 - :class:`MmapSpan` — the FlexLLMGen-style baseline: the same file through a shared memory map
   (numpy ``memmap`` semantics), a CPU copy between the mapping and the pinned buffer.
 
+The two page-cache spans can also move bytes straight between the file and a host tensor
+(``read_to_host`` / ``write_from_host``, ``host_direct = True``): when the compute device *is* the
+host there is no DMA to share a pinned buffer with, and staging through it would copy every byte
+twice.
+
 Every span counts the bytes it moves into a shared :class:`PathCounters`; :func:`count_residency`
 adds a whole read's page-cache hits (bytes resident, by ``mincore``, before any of it is read).
 """
 
 from __future__ import annotations
 
+import ctypes
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TypeVar
 
 import anyio
+import torch
 
-from dualblade.io_engine import AlignedBuffer, IOEngine, PageCacheFile, Target
+from dualblade.io_engine import AlignedBuffer, IOEngine, IOFailedError, PageCacheFile, Target
 
 
 @dataclass
@@ -65,6 +73,38 @@ class PathCounters:
 
 
 _S = TypeVar("_S", "DirectSpan", "PageCacheSpan", "MmapSpan")
+
+
+def host_view(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor as a writable memoryview (any dtype, bf16 too)."""
+    assert tensor.device.type == "cpu", "a host tensor"
+    assert tensor.is_contiguous(), "a contiguous tensor"
+    nbytes = tensor.numel() * tensor.element_size()
+    return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
+def _transfer_all(
+    call: Callable[[memoryview, int], int], view: memoryview, offset: int, name: str, op: str
+) -> None:
+    """``call`` (a ``preadv``/``pwritev``) until every byte moved: short transfers go on.
+
+    Raises:
+        IOFailedError: the call failed (its errno) or met the end of the file.
+    """
+    done = 0
+    while done < len(view):
+        with view[done:] as rest:
+            try:
+                moved = call(rest, offset + done)
+            except OSError as error:
+                raise IOFailedError(
+                    name, op, offset + done, len(view) - done, errno=error.errno
+                ) from None
+        if moved <= 0:
+            raise IOFailedError(
+                name, op, offset + done, len(view) - done, detail="unexpected end of file"
+            )
+        done += moved
 
 
 def _piece(span: _S, buffer_offset: int, nbytes: int) -> _S:
@@ -143,6 +183,30 @@ class PageCacheSpan:
             await anyio.to_thread.run_sync(self.file.flush)
             self.file.advise_dontneed(self.file_offset, self.nbytes)
 
+    host_direct = True
+
+    async def read_to_host(self, destination: torch.Tensor) -> None:
+        """Read the span straight into a host tensor of exactly its bytes (a worker thread's
+        ``preadv``: copies of different files run on different CPUs)."""
+        view = host_view(destination)
+        assert len(view) == self.nbytes, "destination must hold exactly the span"
+        name, read = self.file.name, self.file.pread_blocking
+        await anyio.to_thread.run_sync(_transfer_all, read, view, self.file_offset, name, "read")
+        self.counters.add(self.path, read=self.nbytes)
+        if self.evict:
+            self.file.advise_dontneed(self.file_offset, self.nbytes)
+
+    async def write_from_host(self, source: torch.Tensor) -> None:
+        """Write a host tensor of exactly the span's bytes to the file."""
+        view = host_view(source)
+        assert len(view) == self.nbytes, "source must hold exactly the span"
+        name, write = self.file.name, self.file.pwrite_blocking
+        await anyio.to_thread.run_sync(_transfer_all, write, view, self.file_offset, name, "write")
+        self.counters.add(self.path, written=self.nbytes)
+        if self.evict:
+            await anyio.to_thread.run_sync(self.file.flush)
+            self.file.advise_dontneed(self.file_offset, self.nbytes)
+
 
 @dataclass
 class MmapSpan:
@@ -180,6 +244,32 @@ class MmapSpan:
 
     async def write_from(self, buffer: AlignedBuffer) -> None:
         await anyio.to_thread.run_sync(self._copy, False, buffer)
+        self.counters.add(self.path, written=self.nbytes)
+
+    host_direct = True
+
+    def _copy_host(self, to_host: bool, tensor: torch.Tensor) -> None:
+        mapping = memoryview(self.file.mmap())
+        view = host_view(tensor)
+        span = mapping[self.file_offset : self.file_offset + self.nbytes]
+        try:
+            if to_host:
+                view[:] = span
+            else:
+                span[:] = view
+        finally:
+            span.release()
+            view.release()
+            mapping.release()
+
+    async def read_to_host(self, destination: torch.Tensor) -> None:
+        """Copy the span from the mapping straight into a host tensor of exactly its bytes."""
+        await anyio.to_thread.run_sync(self._copy_host, True, destination)
+        self.counters.add(self.path, read=self.nbytes)
+
+    async def write_from_host(self, source: torch.Tensor) -> None:
+        """Copy a host tensor of exactly the span's bytes into the mapping."""
+        await anyio.to_thread.run_sync(self._copy_host, False, source)
         self.counters.add(self.path, written=self.nbytes)
 
 
