@@ -162,11 +162,14 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "verified_bytes": result.verified_bytes,
         "page_cache_budget_bytes": metrics["page_cache_budget_bytes"],
         "budget": budget,
+        # The context's own plan (a later budget change re-plans only new contexts); with
+        # --compute the context is the model's, and the store's plan at the end stands in.
         "path_split": {
-            "page_cache_layers": list(placement.page_cache),
-            "direct_layers": list(placement.direct),
-            "page_cache_bytes": placement.page_cache_bytes,
-            "direct_bytes": placement.direct_bytes,
+            "page_cache_layers": (
+                result.placement[0] if result.placement else list(placement.page_cache)
+            ),
+            "direct_layers": result.placement[1] if result.placement else list(placement.direct),
+            "source": "context plan" if result.placement else "store plan at the end",
         },
         "requests": {
             "prefill": {

@@ -58,6 +58,8 @@ class SweepWorkloadResult:
     strategies: list[str]
     verified_bytes: int
     clock: PhaseClock
+    #: The context's own placement: (page-cache layers, direct layers).
+    placement: tuple[list[int], list[int]] | None = None
 
 
 class DerivedKV:
@@ -217,7 +219,10 @@ async def run_sweep_workload(
             progress("decode", step + 1, decode_steps)
         clock.decode_end = time.perf_counter()
         on_phase("decode_end")
-    return SweepWorkloadResult(prefill_s, sum(step_s), step_s, strategies, verified, clock)
+        placement = (list(ctx.plan.placement.page_cache), list(ctx.plan.placement.direct))
+    return SweepWorkloadResult(
+        prefill_s, sum(step_s), step_s, strategies, verified, clock, placement
+    )
 
 
 async def _decode_step(
