@@ -23,6 +23,7 @@ max_new_tokens = 2
 [memory]
 limit = "auto"
 safety_margin = "32MiB"
+knob_x = "4MiB"  # 3 layers through the page cache, 9 direct: both paths carry traffic
 [storage]
 page_cache_dir = "{dir}/pc"
 [storage.direct]
