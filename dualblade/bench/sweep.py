@@ -33,6 +33,13 @@ from dualblade.bench.bandwidth import BandwidthProbe
 from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
 from dualblade.errors import ConfigError, DualbladeError
 
+#: glibc's malloc raises its mmap threshold each time a large block is freed, after which blocks
+#: of tens of MiB (a layer's K and V) come from the heap and stay resident when freed: the
+#: process's anonymous memory then drifts by hundreds of MiB from run to run, and with it the
+#: page-cache budget a run derives. A fixed threshold keeps large blocks in mmap, returned on
+#: free. ``MALLOC_ARENA_MAX`` bounds the per-thread arenas of the worker threads.
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_ARENA_MAX": "2"}
+
 #: How long one run may take before it is killed (the paper preset's runs take minutes).
 RUN_TIMEOUT_S = 3600.0
 
@@ -197,6 +204,7 @@ class Sweep:
         try:
             completed = subprocess.run(
                 [sys.executable, "-m", f"dualblade.bench.{worker}", str(spec_path)],
+                env={**os.environ, **WORKER_ENV},
                 capture_output=True,
                 text=True,
                 timeout=RUN_TIMEOUT_S,
