@@ -106,7 +106,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         queue_depth_bins,
         sequentiality,
     )
-    from dualblade.bench.sweep_workload import derive_kv, run_sweep_workload
+    from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
     from dualblade.pipeline import config_from_mapping
     from dualblade.pipeline.store import open_store
 
@@ -116,9 +116,13 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     # counts it as memory in use.
     model = _build_model(spec) if spec.get("compute") else None
     data = None if model is not None else derive_kv(config, spec.get("seed", 0))
+    import torch
+
+    device = spec.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    buffers = None if model is not None else read_buffers(config, device)
     log = RequestLog()
     samples: list[tuple[float, int]] = []
-    async with open_store(config, device=spec.get("device")) as store:
+    async with open_store(config, device=device) as store:
         store.runtime.engine.observe_chunks(log)
         disk: dict[str, DiskSnapshot] = {}
         counters: dict[str, dict[str, Any]] = {}
@@ -140,6 +144,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                     store,
                     decode_steps=spec["decode_steps"],
                     data=data,
+                    buffers=buffers,
                     verify=spec.get("verify", "sample"),
                     on_phase=on_phase,
                 )

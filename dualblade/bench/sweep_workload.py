@@ -128,6 +128,24 @@ def derive_kv(config: PipelineConfig, seed: int) -> DerivedKV:
     return DerivedKV(workload.prompt_len, workload.batch, shape.kv_width, shape.dtype, seed)
 
 
+def read_buffers(
+    config: PipelineConfig, device: torch.device | str
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One K/V pair of full-length read buffers per layer in flight (one per copy thread),
+    reused every step as an application reuses its own: a fresh tensor per read would time page
+    faults, not KV movement."""
+    shape = config.shape()
+    size = (config.workload.max_len, config.workload.batch, shape.kv_width)
+    dtype = _DTYPES[shape.dtype]
+    return [
+        (
+            torch.zeros(size, dtype=dtype, device=device),  # zeros: the pages are touched now
+            torch.zeros(size, dtype=dtype, device=device),
+        )
+        for _ in range(max(1, config.copy_threads))
+    ]
+
+
 ProgressFn = Callable[[str, int, int], None]
 PhaseFn = Callable[[str], None]
 
@@ -145,6 +163,7 @@ async def run_sweep_workload(
     *,
     decode_steps: int,
     data: DerivedKV | None = None,
+    buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     seed: int = 0,
     verify: Verify = "sample",
     progress: ProgressFn = _noop,
@@ -152,9 +171,10 @@ async def run_sweep_workload(
 ) -> SweepWorkloadResult:
     """Prefill then ``decode_steps`` steps of one context; every read is checked.
 
-    ``data`` is the content to write (made from ``seed`` when not given). A caller that runs
-    under a memory limit makes it *before* opening the store, as an application loads its model
-    first: the budgeter then counts it as memory in use, not as room for the page cache.
+    ``data`` is the content to write (made from ``seed`` when not given) and ``buffers`` the
+    decode's read buffers (:func:`read_buffers`). A caller that runs under a memory limit makes
+    both *before* opening the store, as an application loads its model first: the budgeter then
+    counts them as memory in use, not as room for the page cache.
 
     ``on_phase`` is called with ``prefill_start``, ``prefill_end``, ``decode_start`` and
     ``decode_end`` so the caller can snapshot counters exactly at the phase boundaries.
@@ -196,17 +216,8 @@ async def run_sweep_workload(
             ]
             for s in range(decode_steps)
         ]
-        # Read buffers, one K/V pair per layer in flight, reused every step as an application
-        # reuses its own (a fresh tensor per read would time page faults, not KV movement).
-        prefetch = max(1, store.config.copy_threads)
-        size = (config.workload.max_len, config.workload.batch, shape.kv_width)
-        buffers = [
-            (
-                torch.empty(size, dtype=data.dtype, device=device),
-                torch.empty(size, dtype=data.dtype, device=device),
-            )
-            for _ in range(prefetch)
-        ]
+        if buffers is None:
+            buffers = read_buffers(config, device)
         on_phase("decode_start")
         clock.decode_start = time.perf_counter()
         for step in range(decode_steps):
