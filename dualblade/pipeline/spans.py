@@ -220,56 +220,45 @@ class MmapSpan:
     counters: PathCounters
     path: str = "baseline"
 
-    def _copy(self, to_buffer: bool, buffer: AlignedBuffer) -> None:
+    def _copy(self, to_memory: bool, memory: memoryview) -> None:
+        """Copy the span between the mapping and ``memory`` (exactly its bytes)."""
         mapping = memoryview(self.file.mmap())
-        window = buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes]
         span = mapping[self.file_offset : self.file_offset + self.nbytes]
         try:
-            if to_buffer:
-                window[:] = span
+            if to_memory:
+                memory[:] = span
             else:
-                span[:] = window
+                span[:] = memory
         finally:
             span.release()
-            window.release()
+            memory.release()
             mapping.release()
+
+    def _window(self, buffer: AlignedBuffer) -> memoryview:
+        return buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes]
 
     def piece(self, buffer_offset: int, nbytes: int) -> MmapSpan:
         """The part of this span at ``buffer_offset`` (same storage offset shift)."""
         return _piece(self, buffer_offset, nbytes)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
-        await anyio.to_thread.run_sync(self._copy, True, buffer)
+        await anyio.to_thread.run_sync(self._copy, True, self._window(buffer))
         self.counters.add(self.path, read=self.nbytes)
 
     async def write_from(self, buffer: AlignedBuffer) -> None:
-        await anyio.to_thread.run_sync(self._copy, False, buffer)
+        await anyio.to_thread.run_sync(self._copy, False, self._window(buffer))
         self.counters.add(self.path, written=self.nbytes)
 
     host_direct = True
 
-    def _copy_host(self, to_host: bool, tensor: torch.Tensor) -> None:
-        mapping = memoryview(self.file.mmap())
-        view = host_view(tensor)
-        span = mapping[self.file_offset : self.file_offset + self.nbytes]
-        try:
-            if to_host:
-                view[:] = span
-            else:
-                span[:] = view
-        finally:
-            span.release()
-            view.release()
-            mapping.release()
-
     async def read_to_host(self, destination: torch.Tensor) -> None:
         """Copy the span from the mapping straight into a host tensor of exactly its bytes."""
-        await anyio.to_thread.run_sync(self._copy_host, True, destination)
+        await anyio.to_thread.run_sync(self._copy, True, host_view(destination))
         self.counters.add(self.path, read=self.nbytes)
 
     async def write_from_host(self, source: torch.Tensor) -> None:
         """Copy a host tensor of exactly the span's bytes into the mapping."""
-        await anyio.to_thread.run_sync(self._copy_host, False, source)
+        await anyio.to_thread.run_sync(self._copy, False, host_view(source))
         self.counters.add(self.path, written=self.nbytes)
 
 
