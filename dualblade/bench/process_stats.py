@@ -1,4 +1,5 @@
-"""What this process holds, read from ``/proc/self``: memory, pinned memory, fds, threads.
+"""What this process holds and does, read from ``/proc/self``: memory, pinned memory, fds,
+threads, storage reads.
 
 The soak samples these over time to show that a long run reaches a steady state, and compares
 them before and after a store's life to show nothing leaked. No psutil: the soak must run on the
@@ -33,6 +34,17 @@ def memory_sample() -> MemorySample:
             if key in fields:
                 fields[key] = int(value.split()[0]) * 1024  # reported in kB
     return MemorySample(fields["VmRSS"], fields["VmLck"], fields["VmPin"])
+
+
+def storage_read_bytes() -> int:
+    """Bytes this process (all its threads, io_uring's workers included) made the kernel fetch
+    from storage: ``read_bytes`` of ``/proc/self/io``. Page-cache hits add nothing to it."""
+    with open("/proc/self/io") as io:
+        for line in io:
+            key, _, value = line.partition(":")
+            if key == "read_bytes":
+                return int(value)
+    return 0
 
 
 def open_fds() -> set[int]:

@@ -31,6 +31,7 @@ from typing import Any
 
 from dualblade.bench.bandwidth import BandwidthProbe
 from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
+from dualblade.bench.page_cache import drop_page_cache
 from dualblade.errors import ConfigError, DualbladeError
 
 #: glibc's malloc raises its mmap threshold each time a large block is freed, after which blocks
@@ -69,27 +70,6 @@ ProgressFn = Callable[[str, int, int], None]
 
 def _noop(_label: str, _done: int, _total: int) -> None:
     return None
-
-
-def drop_caches(paths: list[Path]) -> str:
-    """Make the next run start cold; returns how."""
-    if os.geteuid() == 0:
-        try:
-            os.sync()
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-            return "drop_caches"
-        except OSError:
-            pass
-    for root in paths:
-        for path in [root] if root.is_file() else root.rglob("*"):
-            if path.is_file():
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    os.fdatasync(fd)
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-                finally:
-                    os.close(fd)
-    return "fadvise"
 
 
 def run_order(policies: list[str], limits: list[int], repeats: int) -> list[tuple[int, int, str]]:
@@ -198,7 +178,7 @@ class Sweep:
             "seed": index,
         }
         spec_path.write_text(json.dumps(spec))
-        how = drop_caches([self.page_cache_dir, self.direct_path])
+        how = drop_page_cache([self.page_cache_dir, self.direct_path])
         started = time.perf_counter()
         worker = "flexgen_peer" if policy == "flexgen" else "sweep_worker"
         try:

@@ -100,6 +100,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     import anyio
 
     from dualblade.bench.disk_stats import DiskSnapshot, activity, read_snapshot, stat_file_for
+    from dualblade.bench.process_stats import storage_read_bytes
     from dualblade.bench.request_log import (
         RequestLog,
         latency_percentiles,
@@ -130,7 +131,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         def on_phase(mark: str) -> None:
             counters[mark] = {
                 **store.runtime.counters.snapshot(),
-                "storage_read_bytes": _storage_read_bytes(),
+                "storage_read_bytes": storage_read_bytes(),
             }
             if stat_file is not None:
                 disk[mark] = read_snapshot(stat_file)
@@ -199,16 +200,6 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
             for phase in ("prefill", "decode")
         }
     return report
-
-
-def _storage_read_bytes() -> int:
-    """Bytes this process (all its threads, io_uring's workers included) made the kernel fetch
-    from storage: ``read_bytes`` of ``/proc/self/io``. Page-cache hits add nothing to it."""
-    for line in Path("/proc/self/io").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == "read_bytes":
-            return int(value)
-    return 0
 
 
 def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
