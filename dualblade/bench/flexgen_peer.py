@@ -7,9 +7,11 @@ and under small limits, and change nothing it measures:
 
 - ``AutoTokenizer.from_pretrained`` (it would fetch OPT's tokenizer from the hub) is replaced by
   an object whose call returns ``prompt_len`` token ids, which is all ``run_flexgen`` uses;
-- each of its disk copy threads pins a 1 G-element fp16 relay buffer (2 GB, 8 GB for four); the
-  same loop runs with a relay of ``RELAY_ELEMENTS``, enough for the largest single copy of the
-  paper's shape, so that a 3–6 GiB limit does not kill it for memory it never uses.
+- each of its disk copy threads pins a relay buffer of ``1 * GB`` fp16 elements (2 GB, 8 GB for
+  four); ``GB`` in its backend module is set to ``RELAY_ELEMENTS`` instead, enough for the largest
+  single copy of the paper's shape, so that a 3–6 GiB limit does not kill it for memory it never
+  uses. The backend uses that name for nothing else but the size it prints in ``print_stats``
+  (stdout, which the sweep ignores; the log it parses is written with ``flexgen.utils.GB``).
 
 Its arguments are the paper's setup: weights on the GPU, the KV cache 100 % on disk (numpy
 memmap through the page cache), activations on the GPU; ``--path _DUMMY_`` gives dummy weights.
@@ -24,6 +26,8 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
+
+from dualblade.bench.process_stats import storage_read_bytes
 
 #: 80 M fp16 elements (160 MB): above the largest relay copy of OPT-6.7B, batch 32, 512 + 32.
 RELAY_ELEMENTS = 80_000_000
@@ -47,35 +51,6 @@ class _OfflineTokenizer:
         return _PromptIds([2] + [(7 * i) % 50000 + 4 for i in range(max_length - 1)])
 
 
-def _small_relay_copy_worker(queue: Any, cuda_id: int) -> None:
-    """FlexGen's ``copy_worker_func`` with a smaller pinned relay (see the module docstring)."""
-    import numpy as np
-    import torch
-    from flexgen import pytorch_backend as backend  # type: ignore[import-not-found]
-
-    torch.cuda.set_device(cuda_id)
-    cpu_buf = torch.empty((RELAY_ELEMENTS,), dtype=torch.float16, pin_memory=True)
-    copy_stream = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    with torch.cuda.stream(copy_stream):
-        while True:
-            item = queue.get()
-            if item is None:
-                queue.task_done()
-                return
-            dst, dst_indices, src, src_indices = item
-            src_data = backend.map_to_torch_tensor(src, src_indices)
-            dst_data = backend.map_to_torch_tensor(dst, dst_indices)
-            cuda = backend.DeviceType.CUDA
-            if src.device.device_type == cuda or dst.device.device_type == cuda:
-                size = int(np.prod(src_data.shape))
-                relay = cpu_buf[:size].view(src_data.shape)
-                relay.copy_(src_data)
-                dst_data.copy_(relay)
-            else:
-                dst_data.copy_(src_data)
-            queue.task_done()
-
-
 def parse_log(text: str) -> dict[str, float]:
     """Prefill and decode latency (seconds) from FlexGen's benchmark log."""
     out = {}
@@ -87,19 +62,11 @@ def parse_log(text: str) -> dict[str, float]:
     return out
 
 
-def _storage_read_bytes() -> int:
-    for line in Path("/proc/self/io").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == "read_bytes":
-            return int(value)
-    return 0
-
-
 def run_peer(spec: dict[str, Any]) -> dict[str, Any]:
     """Run FlexGen once with the spec's shape; returns its latencies."""
     import argparse
 
-    from flexgen import flex_opt, pytorch_backend
+    from flexgen import flex_opt, pytorch_backend  # type: ignore[import-not-found]
 
     config = spec["config"]
     preset = config["model"].get("preset", "")
@@ -112,7 +79,7 @@ def run_peer(spec: dict[str, Any]) -> dict[str, Any]:
     if log_file.exists():
         log_file.unlink()
     flex_opt.AutoTokenizer.from_pretrained = lambda *a, **k: _OfflineTokenizer()
-    pytorch_backend.copy_worker_func = _small_relay_copy_worker
+    pytorch_backend.GB = RELAY_ELEMENTS
     parser = argparse.ArgumentParser()
     flex_opt.add_parser_arguments(parser)
     args = parser.parse_args(
@@ -128,14 +95,14 @@ def run_peer(spec: dict[str, Any]) -> dict[str, Any]:
             "--log-file", str(log_file),
         ]
     )  # fmt: skip
-    read_before = _storage_read_bytes()
+    read_before = storage_read_bytes()
     flex_opt.run_flexgen(args)
     result = parse_log(log_file.read_text())
     return {
         "policy": "flexgen",
         **result,
         "decode_step_s": [],
-        "decode_storage_read_bytes": _storage_read_bytes() - read_before,
+        "decode_storage_read_bytes": storage_read_bytes() - read_before,
         "hit_rate": None,
         "strategy": "n/a",
         "decode_read_bytes": {},
