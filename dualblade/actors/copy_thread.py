@@ -219,17 +219,18 @@ class CopyThreadActor(Actor[CopyMessage]):
             else:
                 self.bytes_stored += span.nbytes
         end = time.perf_counter()
+        if host is not None:  # storage moved the caller's own bytes; no DMA side
+            io_address = dma_address = host.data_ptr()
+        else:
+            io_address = self.buffer.address + span.buffer_offset
+            dma_address = message.view.tensor(self.buffer).data_ptr()
         stats = TransferStats(
             nbytes=span.nbytes,
             storage_s=storage_done - start,
             dma_s=end - storage_done,
             path=span.path,
-            io_buffer_address=(
-                host.data_ptr() if host is not None else self.buffer.address + span.buffer_offset
-            ),
-            dma_host_address=(
-                host.data_ptr() if host is not None else message.view.tensor(self.buffer).data_ptr()
-            ),
+            io_buffer_address=io_address,
+            dma_host_address=dma_address,
         )
         if span.path == "direct":
             # Co-DMA evidence: storage DMA and the device copy used the same host bytes.

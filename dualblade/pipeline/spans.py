@@ -165,23 +165,29 @@ class PageCacheSpan:
         """The part of this span at ``buffer_offset`` (same storage offset shift)."""
         return _piece(self, buffer_offset, nbytes)
 
-    async def read_into(self, buffer: AlignedBuffer) -> None:
-        await self.engine.pread(
-            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
-        )
+    def _read_done(self) -> None:
         self.counters.add(self.path, read=self.nbytes)
         if self.evict:
             self.file.advise_dontneed(self.file_offset, self.nbytes)
 
-    async def write_from(self, buffer: AlignedBuffer) -> None:
-        await self.engine.pwrite(
-            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
-        )
+    async def _write_done(self) -> None:
         self.counters.add(self.path, written=self.nbytes)
         if self.evict:
             # Dirty pages cannot be dropped: write them back first (the policy's known cost).
             await anyio.to_thread.run_sync(self.file.flush)
             self.file.advise_dontneed(self.file_offset, self.nbytes)
+
+    async def read_into(self, buffer: AlignedBuffer) -> None:
+        await self.engine.pread(
+            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+        )
+        self._read_done()
+
+    async def write_from(self, buffer: AlignedBuffer) -> None:
+        await self.engine.pwrite(
+            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+        )
+        await self._write_done()
 
     host_direct = True
 
@@ -192,9 +198,7 @@ class PageCacheSpan:
         assert len(view) == self.nbytes, "destination must hold exactly the span"
         name, read = self.file.name, self.file.pread_blocking
         await anyio.to_thread.run_sync(_transfer_all, read, view, self.file_offset, name, "read")
-        self.counters.add(self.path, read=self.nbytes)
-        if self.evict:
-            self.file.advise_dontneed(self.file_offset, self.nbytes)
+        self._read_done()
 
     async def write_from_host(self, source: torch.Tensor) -> None:
         """Write a host tensor of exactly the span's bytes to the file."""
@@ -202,10 +206,7 @@ class PageCacheSpan:
         assert len(view) == self.nbytes, "source must hold exactly the span"
         name, write = self.file.name, self.file.pwrite_blocking
         await anyio.to_thread.run_sync(_transfer_all, write, view, self.file_offset, name, "write")
-        self.counters.add(self.path, written=self.nbytes)
-        if self.evict:
-            await anyio.to_thread.run_sync(self.file.flush)
-            self.file.advise_dontneed(self.file_offset, self.nbytes)
+        await self._write_done()
 
 
 @dataclass

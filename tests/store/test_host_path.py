@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dualblade.pipeline.slicing import RowRange
 from dualblade.pipeline.store import KVContext, KVShapeError, open_store
 
 from .conftest import MakeConfig, random_kv
@@ -30,18 +31,12 @@ async def test_host_transfers_skip_the_pinned_buffer_and_keep_every_byte(
             got_k, got_v = await ctx.read(layer)
             assert torch.equal(got_k, k)
             assert torch.equal(got_v, v)
-        stats = await ctx._load_rows(0, "K", _rows(0, 301), torch.empty_like(expected[0][0]))
+        stats = await ctx._load_rows(0, "K", RowRange(0, 301), torch.empty_like(expected[0][0]))
         metrics = store.metrics()
     # The storage side wrote straight into the destination: no staging in the pinned buffer,
     # no host copy out of it.
     assert stats.io_buffer_address == stats.dma_host_address
     assert metrics["co_dma"]["cpu_fallback_copies"] == 0
-
-
-def _rows(start: int, stop: int) -> object:
-    from dualblade.pipeline.slicing import RowRange
-
-    return RowRange(start, stop)
 
 
 @pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "baseline"])
