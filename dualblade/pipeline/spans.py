@@ -222,16 +222,25 @@ class MmapSpan:
     path: str = "baseline"
 
     def _copy(self, to_memory: bool, memory: memoryview) -> None:
-        """Copy the span between the mapping and ``memory`` (exactly its bytes)."""
+        """Copy the span between the mapping and ``memory`` (exactly its bytes).
+
+        A torch copy, as FlexLLMGen's ``copy_`` from its numpy memmap: it releases the GIL for
+        the whole copy, page faults included. A memoryview slice assignment would hold the GIL
+        throughout and stall every other Python thread of the process (the application's compute
+        among them) for as long as the kernel takes to fault the mapping's pages in.
+        """
         mapping = memoryview(self.file.mmap())
-        span = mapping[self.file_offset : self.file_offset + self.nbytes]
+        file_bytes = torch.frombuffer(
+            mapping, dtype=torch.uint8, count=self.nbytes, offset=self.file_offset
+        )
+        memory_bytes = torch.frombuffer(memory, dtype=torch.uint8, count=self.nbytes)
         try:
             if to_memory:
-                memory[:] = span
+                memory_bytes.copy_(file_bytes)
             else:
-                span[:] = memory
+                file_bytes.copy_(memory_bytes)
         finally:
-            span.release()
+            del file_bytes, memory_bytes  # they export the views: release needs them gone
             memory.release()
             mapping.release()
 
