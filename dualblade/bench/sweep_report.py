@@ -17,7 +17,7 @@ import statistics
 from typing import Any
 
 #: Keys reduced to the median over repeats.
-_MEDIAN_KEYS = ("prefill_s", "decode_s", "hit_rate")
+_MEDIAN_KEYS = ("prefill_s", "prefill_produce_s", "decode_s", "hit_rate")
 
 
 def aggregate(
@@ -151,8 +151,8 @@ def _gib(nbytes: float) -> str:
 def markdown_table(results: list[dict[str, Any]]) -> str:
     """The sweep as a markdown table, one row per (limit, policy)."""
     lines = [
-        "| limit GiB | policy | prefill s | decode s | floor s | hit rate | decode read MB/s "
-        "| disk busy % | seq. | p50/p99 read µs | strategy |",
+        "| limit GiB | policy | prefill s (producing) | decode s | floor s | hit rate "
+        "| decode read MB/s | disk busy % | seq. | p50/p99 read µs | strategy |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -166,8 +166,10 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         seq = r["requests"]["decode"]["sequentiality"]
         floor = r.get("decode_floor_s")
         hit = "" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
+        produce = r.get("prefill_produce_s")
+        prefill = f"{r['prefill_s']:.3f}" + ("" if produce is None else f" ({produce:.2f})")
         lines.append(
-            f"| {_gib(r['limit_bytes'])} | {r['policy']} | {r['prefill_s']:.3f} "
+            f"| {_gib(r['limit_bytes'])} | {r['policy']} | {prefill} "
             f"| {r['decode_s']:.3f} | {'' if floor is None else f'{floor:.3f}'} "
             f"| {hit} | {rate:.0f} | {disk.get('busy_percent', '')} "
             f"| {'' if seq is None else f'{seq:.2f}'} "

@@ -161,6 +161,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "policy": config.policy,
         "compute": spec.get("compute"),
         "prefill_s": result.prefill_s,
+        "prefill_produce_s": result.prefill_produce_s,
         "decode_s": result.decode_s,
         "decode_step_s": result.decode_step_s,
         "strategy": metrics["strategy"],
