@@ -121,8 +121,9 @@ def bench(args: argparse.Namespace) -> int:
     from dualblade.pipeline import config_from_mapping
 
     plan, label = _plan(args)
-    probe_config = Sweep(plan).pipeline_for(plan.policies[0])
-    config = config_from_mapping(probe_config, source=label, env={})
+    # The shape does not depend on the policy; "dual" stands for all (flexgen is no pipeline
+    # policy, and it may come first in --policies).
+    config = config_from_mapping(Sweep(plan).pipeline_for("dual"), source=label, env={})
     shape = config.shape()
     working_set = int(shape.total_kv_bytes(config.workload.batch, config.workload.max_len))
     reason = can_create_memory_cgroups()

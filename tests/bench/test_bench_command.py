@@ -41,6 +41,19 @@ def test_bad_arguments_are_config_errors(capsys: pytest.CaptureFixture[str]) -> 
     assert "exceeds workload.max_new_tokens" in capsys.readouterr().err
 
 
+def test_flexgen_may_come_first_in_the_policies(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # flexgen is no pipeline policy: the sweep's shape must not be read from a config with it.
+    monkeypatch.setattr(
+        "dualblade.bench.cgroups.can_create_memory_cgroups", lambda: "stop here (test)"
+    )
+    assert main(["bench", "--policies", "flexgen,dual", "--memory-limits", "1GiB"]) != 0
+    err = capsys.readouterr().err
+    assert "stop here (test)" in err
+    assert "not a valid pipeline config" not in err
+
+
 @pytest.mark.root
 def test_tiny_sweep_writes_results_plots_and_checked_reads(tmp_path: Path) -> None:
     reason = can_create_memory_cgroups()
