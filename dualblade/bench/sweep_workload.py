@@ -63,7 +63,8 @@ class SweepWorkloadResult:
     placement: tuple[list[int], list[int]] | None = None
     #: Of ``prefill_s``, the time spent producing the layers' tensors (the stand-in for the
     #: model's compute): it grows when the writes' memory pressure makes allocations wait.
-    prefill_produce_s: float = 0.0
+    #: None where a real model ran (its compute is not split out).
+    prefill_produce_s: float | None = None
 
 
 class DerivedKV:
