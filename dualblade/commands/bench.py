@@ -154,7 +154,7 @@ def bench(args: argparse.Namespace) -> int:
             "decode_steps": plan.decode_steps,
             "repeats": plan.repeats,
             "pipeline": plan.pipeline,
-            "command": " ".join(["dualblade", *sys.argv[2:]]) if len(sys.argv) > 1 else "",
+            "command": " ".join(["dualblade", *sys.argv[1:]]) if len(sys.argv) > 1 else "",
         },
     }
     out: Path = args.out
