@@ -35,6 +35,11 @@ class KVCache(Protocol):
 class KVProvider(Protocol):
     """Hands out per-request caches and brackets decode steps (``KVStore`` is one)."""
 
+    #: How many layers' reads the provider moves at once to good effect: a decode step keeps
+    #: that many layers ahead of its compute in flight.
+    @property
+    def read_parallelism(self) -> int: ...
+
     def context(self) -> AbstractAsyncContextManager[KVCache]: ...
 
     def iteration(self) -> AbstractAsyncContextManager[Any]: ...
@@ -120,6 +125,11 @@ class MemoryKV:
         self._spec = (layers, batch, max_len, width, dtype, torch.device(device))
         self.open_contexts = 0
         self.steps = 0
+
+    @property
+    def read_parallelism(self) -> int:
+        """One: a read is a clone in RAM, nothing to overlap beyond the next layer."""
+        return 1
 
     @contextlib.asynccontextmanager
     async def context(self) -> AsyncIterator[MemoryKVContext]:

@@ -455,6 +455,12 @@ class KVStore:
         return self.runtime.device
 
     @property
+    def read_parallelism(self) -> int:
+        """The copy threads: each moves one KPU at a time, so a caller that keeps this many
+        layers' reads in flight ahead of its compute keeps them all busy."""
+        return self.config.copy_threads
+
+    @property
     def plan(self) -> Plan:
         """The plan new contexts get (it changes with the budget)."""
         return self.runtime.plan

@@ -123,9 +123,14 @@ class _Recording(MemoryKVContext):
 
 
 class _RecordingKV(MemoryKV):
-    def __init__(self) -> None:
+    def __init__(self, read_parallelism: int = 1) -> None:
         super().__init__(**_kv_args())
         self.log: list[str] = []
+        self._parallelism = read_parallelism
+
+    @property
+    def read_parallelism(self) -> int:
+        return self._parallelism
 
     @contextlib.asynccontextmanager
     async def context(self) -> AsyncIterator[MemoryKVContext]:  # type: ignore[override]
@@ -156,6 +161,21 @@ async def test_prefill_writes_then_each_step_prefetches_the_next_layer(opt_tiny:
             assert step.index(f"read {layer + 1}") < step.index(f"append {layer}")
     assert kv.steps == 2
     assert kv.open_contexts == 0
+
+
+async def test_decode_keeps_the_providers_read_parallelism_in_flight(opt_tiny: OptModel) -> None:
+    # Three layers ahead: layers 1..3 are requested before layer 0's compute ends, and the
+    # tokens are those of one layer ahead.
+    kv = _RecordingKV(read_parallelism=3)
+    result = await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
+    step = kv.log[kv.log.index("step") + 1 :]
+    for layer in (1, 2, 3):
+        assert step.index(f"read {layer}") < step.index("append 0")
+    assert sorted(e for e in step[: step.index("step")] if e.startswith("read")) == [
+        f"read {i}" for i in range(4)
+    ]
+    one_ahead = await opt_tiny.generate(prompts(4, 64, 1024), 3, _RecordingKV())
+    assert torch.equal(result.tokens, one_ahead.tokens)
 
 
 async def test_stream_yields_the_generated_tokens_step_by_step(opt_tiny: OptModel) -> None:
