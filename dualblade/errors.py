@@ -8,6 +8,9 @@ the rest of the package so every layer may depend on it.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 
 class DualbladeError(Exception):
     """Base class of all errors dualblade raises on purpose."""
@@ -20,3 +23,28 @@ class ConfigError(DualbladeError, ValueError):
     """A configuration or command-line value is invalid; the message names the field."""
 
     exit_code = 2
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
+
+
+@contextlib.contextmanager
+def plain_errors() -> Iterator[None]:
+    """Let an error leave a task group as itself, not wrapped in an exception group.
+
+    Callers catch :class:`~dualblade.errors.DualbladeError` (a copy thread routes a failed I/O
+    to its requester by it, the CLI prints it); anyio task groups always raise exception
+    groups. A group of one error, or of :class:`DualbladeError` only (K and V both failed),
+    is raised as its first error; any other mix stays a group.
+    """
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        leaves = _leaves(group)
+        if len(leaves) != 1 and not all(isinstance(e, DualbladeError) for e in leaves):
+            raise
+        first = leaves[0]
+        raise first from first.__cause__

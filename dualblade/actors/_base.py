@@ -14,9 +14,7 @@ exception leaves ``run`` and the owner's task group cancels the other actors.
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
 from typing import Generic, TypeVar
 
 import anyio
@@ -31,31 +29,6 @@ M = TypeVar("M")
 
 #: Default mailbox buffer: small, so backpressure is felt at once.
 MAILBOX_SIZE = 4
-
-
-def _leaves(error: BaseException) -> list[BaseException]:
-    if isinstance(error, BaseExceptionGroup):
-        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
-    return [error]
-
-
-@contextlib.contextmanager
-def plain_errors() -> Iterator[None]:
-    """Let an error leave a task group as itself, not wrapped in an exception group.
-
-    Callers catch :class:`~dualblade.errors.DualbladeError` (a copy thread routes a failed I/O
-    to its requester by it, the CLI prints it); anyio task groups always raise exception
-    groups. A group of one error, or of :class:`DualbladeError` only (K and V both failed),
-    is raised as its first error; any other mix stays a group.
-    """
-    try:
-        yield
-    except BaseExceptionGroup as group:
-        leaves = _leaves(group)
-        if len(leaves) != 1 and not all(isinstance(e, DualbladeError) for e in leaves):
-            raise
-        first = leaves[0]
-        raise first from first.__cause__
 
 
 class ActorStoppedError(DualbladeError):

@@ -22,11 +22,11 @@ import anyio
 import torch
 from anyio.abc import TaskGroup, TaskStatus
 
-from dualblade.actors._base import Actor, ActorStoppedError, Reply, plain_errors
+from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
 from dualblade.actors.strategy_probe import OverlapGate
-from dualblade.errors import DualbladeError
+from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import AlignedBuffer
 from dualblade.telemetry import NULL_TRACER, Tracer
 

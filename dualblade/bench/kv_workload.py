@@ -19,8 +19,7 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.actors._base import plain_errors
-from dualblade.errors import DualbladeError
+from dualblade.errors import DualbladeError, plain_errors
 from dualblade.pipeline.store import KVContext, KVStore
 
 

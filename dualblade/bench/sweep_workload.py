@@ -24,8 +24,8 @@ from typing import Literal
 import anyio
 import torch
 
-from dualblade.actors._base import plain_errors
 from dualblade.bench.kv_workload import VerificationError
+from dualblade.errors import plain_errors
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.store import KVContext, KVStore
 

@@ -28,8 +28,7 @@ import anyio.to_thread
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from dualblade.actors._base import plain_errors
-from dualblade.errors import ConfigError
+from dualblade.errors import ConfigError, plain_errors
 from dualblade.models.architecture import POSITION_OFFSET, OptArchitecture
 from dualblade.models.kv import KVCache, KVProvider
 from dualblade.models.weights import LayerWeights, OptWeights

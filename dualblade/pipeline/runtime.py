@@ -29,8 +29,8 @@ from dualblade.actors import (
     OverlapGate,
     StrategyProbeActor,
 )
-from dualblade.actors._base import plain_errors
 from dualblade.actors.strategy_probe import BudgetChanged
+from dualblade.errors import plain_errors
 from dualblade.io_engine import (
     AlignedBuffer,
     BlockDevice,

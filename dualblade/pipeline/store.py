@@ -34,7 +34,6 @@ import structlog
 import torch
 
 from dualblade.actors import Load, Reply, RowView, Store, TransferStats
-from dualblade.actors._base import plain_errors
 from dualblade.actors.binder import ClaimExtent, ClaimFile, ReleaseContext
 from dualblade.actors.strategy_probe import (
     GetStrategy,
@@ -43,7 +42,7 @@ from dualblade.actors.strategy_probe import (
     ProbeState,
     StrategyName,
 )
-from dualblade.errors import DualbladeError
+from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import PageCacheFile, Target
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.kpu import KpuId, TensorKind
