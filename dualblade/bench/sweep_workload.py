@@ -62,7 +62,7 @@ class SweepWorkloadResult:
     #: The context's own placement: (page-cache layers, direct layers).
     placement: tuple[list[int], list[int]] | None = None
     #: Of ``prefill_s``, the time spent producing the layers' tensors (the stand-in for the
-    #: model's compute): it grows when the writes' memory pressure makes allocations wait.
+    #: model's compute): it grows when the writes take CPU or memory from it.
     #: None where a real model ran (its compute is not split out).
     prefill_produce_s: float | None = None
 
@@ -254,8 +254,9 @@ async def _prefill(
     FlexLLMGen overlaps a layer's store with the next layer's compute and as
     :class:`dualblade.models.opt.OptModel` does. The timer around this function therefore holds
     what a prefill costs an application: the compute, the writes it could not hide, and what the
-    writes' memory pressure costs the compute (a baseline whose dirty pages fill the cgroup makes
-    every fresh allocation wait for reclaim and writeback). Returns the time spent producing.
+    writes take from the compute (a baseline's page faults into its shared mapping use the same
+    CPUs, and its dirty pages fill the cgroup so that fresh allocations wait for reclaim).
+    Returns the time spent producing.
     """
     produce_s = 0.0
 
