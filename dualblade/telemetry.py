@@ -6,8 +6,9 @@ I/O chunk and per DMA, counters for throughput, queue depth and budget — and w
 costs one attribute check per event, so the runtime always calls it.
 
 :class:`Metrics` holds counters and gauges an application can read as a dict or scrape in the
-Prometheus text format. Logging stays structlog's: the library only calls
-``structlog.get_logger()`` and binds context; applications configure it.
+Prometheus text format. Logging stays structlog's: the library logs through
+:mod:`dualblade.logs` and binds context; applications configure structlog (unconfigured, only
+warnings reach standard error).
 """
 
 from __future__ import annotations

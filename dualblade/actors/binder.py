@@ -16,14 +16,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import structlog
-
 from dualblade.actors._base import Actor, Reply
 from dualblade.actors._extents import ExtentAllocator
 from dualblade.io_engine import IOEngine, PageCacheFile, Target
+from dualblade.logs import get_logger
 from dualblade.telemetry import NULL_TRACER, Tracer
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

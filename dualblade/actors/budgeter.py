@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
-import structlog
 from anyio.abc import TaskStatus
 
 from dualblade.actors._base import Actor, Reply
+from dualblade.logs import get_logger
 from dualblade.telemetry import NULL_TRACER, Tracer
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from typing import Literal
 
 import anyio
-import structlog
 
 from dualblade.actors._base import Actor, Reply
+from dualblade.logs import get_logger
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 StrategyName = Literal["intra", "cross"]
 ProbeMode = Literal["auto", "intra", "cross"]
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 class OverlapGate:

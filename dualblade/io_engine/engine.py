@@ -25,7 +25,6 @@ from collections.abc import Sequence
 from typing import Literal, Protocol
 
 import anyio
-import structlog
 
 from dualblade.io_engine._request import CancelledError, IORequest, Kind
 from dualblade.io_engine._threadpool import ThreadPoolBackend
@@ -34,10 +33,11 @@ from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
 from dualblade.io_engine.ring import ChunkObserver, Ring
 from dualblade.io_engine.targets.base import Target
+from dualblade.logs import get_logger
 
 CompatMode = Literal["on", "off", "auto"]
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 _warned_fallback = False
 _warn_lock = threading.Lock()
 

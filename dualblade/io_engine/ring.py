@@ -24,14 +24,13 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any
 
-import structlog
-
 from dualblade.io_engine import _liburing, _uapi, opcodes
 from dualblade.io_engine._request import IORequest, Kind
 from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
+from dualblade.logs import get_logger
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 ChunkObserver = Callable[[str, str, int, int, float, float, int], None]
 

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-import structlog
-
+from dualblade.logs import get_logger
 from dualblade.pipeline.errors import MemoryDiscoveryError
 
 # cgroup v1 writes "no limit" as PAGE_COUNTER_MAX * PAGE_SIZE (9223372036854771712 on x86_64);
@@ -99,7 +98,7 @@ def discover_memory(root: Path = Path("/")) -> MemorySnapshot:
         else:
             cgroup = read_cgroup_v2(location.directory, location.mount_point, location.path)
     except MemoryDiscoveryError as error:
-        structlog.get_logger().warning("cgroup_unreadable", path=location.path, error=str(error))
+        get_logger(__name__).warning("cgroup_unreadable", path=location.path, error=str(error))
         return MemorySnapshot(host, None)
     return MemorySnapshot(host, cgroup)
 

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 import torch
 
 from dualblade.actors import (
@@ -41,13 +40,14 @@ from dualblade.io_engine import (
     Target,
 )
 from dualblade.io_engine.targets.direct_file import DIRECT_FILE_ALIGNMENT
+from dualblade.logs import get_logger
 from dualblade.pipeline.budget import PageCacheBudget
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.planner import Plan, budget_for, make_plan, pin_bytes
 from dualblade.pipeline.spans import PathCounters
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 
 def open_direct_target(config: PipelineConfig) -> tuple[Target, int, int | None]:

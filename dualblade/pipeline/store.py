@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import structlog
 import torch
 
 from dualblade.actors import Load, Reply, RowView, Store, TransferStats
@@ -44,6 +43,7 @@ from dualblade.actors.strategy_probe import (
 )
 from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import PageCacheFile, Target
+from dualblade.logs import get_logger
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.kpu import KpuId, TensorKind
 from dualblade.pipeline.layout import TensorLayout
@@ -56,7 +56,7 @@ from dualblade.pipeline.slicing import RowRange, plan_slice
 from dualblade.pipeline.spans import DirectSpan, MmapSpan, PageCacheSpan, count_residency
 from dualblade.telemetry import NULL_TRACER, Tracer
 
-_log = structlog.get_logger(__name__)
+_log = get_logger(__name__)
 
 _DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 

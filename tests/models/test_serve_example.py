@@ -82,7 +82,7 @@ async def test_two_concurrent_requests_get_generates_ids(
     own.write_text(text.replace("direct.kv", "cli-direct.kv").replace("/pc", "/cli-pc"))
     argv = ["generate", "--preset", "opt-tiny", "--batch", "4", "--prompt-len", "64"]
     argv += ["--gen-len", "8", "--config", str(own), "--device", "cpu", "--json"]
-    capsys.readouterr()  # drop the service's log lines (unconfigured structlog prints to stdout)
+    capsys.readouterr()  # drop whatever the service printed before the CLI runs
     assert await anyio.to_thread.run_sync(main, argv) == 0  # main runs its own event loop
     cli_ids = json.loads(capsys.readouterr().out)["token_ids"]
     seeded = lines(responses["seed"])
