@@ -20,7 +20,7 @@ import torch
 
 from dualblade.io_engine import AlignedBuffer
 from dualblade.pipeline.config import PipelineConfig
-from dualblade.pipeline.store import KVContext, KVStore, open_store
+from dualblade.store.kv_store import KVContext, KVStore, open_store
 
 
 @dataclass(frozen=True)

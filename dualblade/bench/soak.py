@@ -58,7 +58,7 @@ from dualblade.io_engine.targets.faulty import (
 from dualblade.pipeline import PipelineConfig, config_from_mapping
 from dualblade.pipeline.config import default_cache_dir
 from dualblade.pipeline.planner import layer_page_cache_bytes
-from dualblade.pipeline.store import KVContext, KVStore, LayerLostError, open_store
+from dualblade.store.kv_store import KVContext, KVStore, LayerLostError, open_store
 
 #: A small GQA shape whose rows (3 × 4 × 64 bfloat16 = 1.5 KiB) are padded to 4 KiB blocks.
 SOAK_MODEL: dict[str, Any] = {

@@ -109,7 +109,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     )
     from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
     from dualblade.pipeline import config_from_mapping
-    from dualblade.pipeline.store import open_store
+    from dualblade.store.kv_store import open_store
 
     config = config_from_mapping(spec["config"], source="bench spec", env={})
     stat_file = stat_file_for(spec["device_path"]) if spec.get("device_path") else None

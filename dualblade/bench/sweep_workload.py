@@ -27,7 +27,7 @@ import torch
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
 from dualblade.pipeline.config import PipelineConfig
-from dualblade.pipeline.store import KVContext, KVStore
+from dualblade.store.kv_store import KVContext, KVStore
 
 Verify = Literal["sample", "full"]
 

@@ -127,7 +127,7 @@ async def open_kv(
             device=device or "cpu",
         )
         return
-    from dualblade.pipeline.store import open_store
+    from dualblade.store.kv_store import open_store
 
     async with open_store(config, device=device, memory_limit=memory_limit) as store:
         yield store

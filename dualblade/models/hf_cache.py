@@ -11,7 +11,7 @@ Any transformers decoder offloads its KV cache by taking this cache instead of i
 (recent transformers 5.x, 5.24 here, call the argument ``cache``; earlier 5.x releases call
 it ``past_key_values``, which later ones still take with a FutureWarning. Tested with 5.0,
 5.17 and 5.24.) One :class:`DualBladeLayer` per decoder layer forwards ``update`` to one context of
-a blocking :class:`~dualblade.pipeline.blocking.BlockingStore`: the prefill writes rows
+a blocking :class:`~dualblade.store.blocking.BlockingStore`: the prefill writes rows
 ``[0, t)`` of the layer's K and V, each decode step appends one row and reads the whole layer
 back from the store. That read is the offload: between two steps the model holds no KV at all,
 and during a step only the layer that is computing. The store's policy decides the path
@@ -43,7 +43,7 @@ from typing import Any, Self
 import torch
 
 from dualblade.errors import DualbladeError
-from dualblade.pipeline.blocking import BlockingContext, BlockingStore, open_store_blocking
+from dualblade.store.blocking import BlockingContext, BlockingStore, open_store_blocking
 from dualblade.pipeline.config import PipelineConfig, Policy, StorageSection
 from dualblade.pipeline.config_loader import config_from_mapping
 from dualblade.pipeline.sizes import parse_size

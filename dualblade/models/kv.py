@@ -3,7 +3,7 @@ in-memory reference behind it.
 
 The engine needs five calls — open a request's context, write a layer's prefill rows, append one
 row, read a layer back, and bracket a decode step — which is exactly what
-:class:`~dualblade.pipeline.store.KVStore` and its ``KVContext`` offer. :class:`MemoryKV` offers
+:class:`~dualblade.store.kv_store.KVStore` and its ``KVContext`` offer. :class:`MemoryKV` offers
 the same on plain tensors in RAM: the reference every offloading policy is compared with. It
 stores the same dtype as the store (the engine casts before writing), so a policy that returns
 every byte it was given yields the very same tokens.

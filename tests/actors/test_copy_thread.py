@@ -22,7 +22,7 @@ from dualblade.actors import (
     copy_thread,
 )
 from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
-from dualblade.pipeline.spans import DirectSpan, PathCounters
+from dualblade.actors.spans import DirectSpan, PathCounters
 
 pytestmark = pytest.mark.anyio
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.pipeline.blocking import open_store_blocking
-from dualblade.pipeline.store import KVShapeError
+from dualblade.store.blocking import open_store_blocking
+from dualblade.store.kv_store import KVShapeError
 
 from .conftest import random_kv
 

@@ -6,7 +6,7 @@ import anyio
 import pytest
 import torch
 
-from dualblade.pipeline.store import open_store
+from dualblade.store.kv_store import open_store
 
 from .conftest import random_kv
 
@@ -102,7 +102,7 @@ async def test_failed_start_up_leaks_nothing(make_config, monkeypatch):
     """The budgeter (first actor) fails while starting: the error comes out as itself and no
     actor is left with an open mailbox (a ResourceWarning, an error under this suite)."""
     from dualblade.errors import DualbladeError
-    from dualblade.pipeline import runtime
+    from dualblade.store import runtime
 
     def refuse(*_args):
         raise DualbladeError("no memory information")

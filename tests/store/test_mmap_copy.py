@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from dualblade.io_engine import PageCacheFile
-from dualblade.pipeline.spans import MmapSpan, PathCounters, host_view
+from dualblade.actors.spans import MmapSpan, PathCounters, host_view
 
 MiB = 1 << 20
 

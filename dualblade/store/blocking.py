@@ -20,11 +20,11 @@ import torch
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from dualblade.pipeline.config import PipelineConfig
-from dualblade.pipeline.store import KVContext, KVStore, open_store
+from dualblade.store.kv_store import KVContext, KVStore, open_store
 
 
 class BlockingContext:
-    """A :class:`~dualblade.pipeline.store.KVContext` with blocking methods."""
+    """A :class:`~dualblade.store.kv_store.KVContext` with blocking methods."""
 
     def __init__(self, portal: BlockingPortal, context: KVContext) -> None:
         self._portal = portal
@@ -46,7 +46,7 @@ class BlockingContext:
 
 
 class BlockingStore:
-    """A :class:`~dualblade.pipeline.store.KVStore` with blocking methods."""
+    """A :class:`~dualblade.store.kv_store.KVStore` with blocking methods."""
 
     def __init__(self, portal: BlockingPortal, store: KVStore) -> None:
         self._portal = portal

@@ -44,7 +44,7 @@ from dualblade.logs import get_logger
 from dualblade.pipeline.budget import PageCacheBudget
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.planner import Plan, budget_for, make_plan, pin_bytes
-from dualblade.pipeline.spans import PathCounters
+from dualblade.actors.spans import PathCounters
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
 
 _log = get_logger(__name__)
