@@ -34,6 +34,7 @@ import torch
 
 from dualblade.actors import Load, Reply, RowView, Store, TransferStats
 from dualblade.actors.binder import ClaimExtent, ClaimFile, ReleaseContext
+from dualblade.actors.spans import DirectSpan, MmapSpan, PageCacheSpan, count_residency
 from dualblade.actors.strategy_probe import (
     GetStrategy,
     IterationEnd,
@@ -50,10 +51,9 @@ from dualblade.pipeline.layout import TensorLayout
 from dualblade.pipeline.lba_map import LbaMap, Region
 from dualblade.pipeline.placement import assign_groups
 from dualblade.pipeline.planner import Plan
-from dualblade.store.runtime import Runtime, start_runtime
 from dualblade.pipeline.sizes import BlockCount, ByteCount, Lba
 from dualblade.pipeline.slicing import RowRange, plan_slice
-from dualblade.actors.spans import DirectSpan, MmapSpan, PageCacheSpan, count_residency
+from dualblade.store.runtime import Runtime, start_runtime
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 _log = get_logger(__name__)

@@ -28,6 +28,7 @@ from dualblade.actors import (
     OverlapGate,
     StrategyProbeActor,
 )
+from dualblade.actors.spans import PathCounters
 from dualblade.actors.strategy_probe import BudgetChanged
 from dualblade.errors import plain_errors
 from dualblade.io_engine import (
@@ -44,7 +45,6 @@ from dualblade.logs import get_logger
 from dualblade.pipeline.budget import PageCacheBudget
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.planner import Plan, budget_for, make_plan, pin_bytes
-from dualblade.actors.spans import PathCounters
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
 
 _log = get_logger(__name__)

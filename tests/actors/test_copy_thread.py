@@ -21,8 +21,8 @@ from dualblade.actors import (
     TransferStats,
     copy_thread,
 )
-from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
 from dualblade.actors.spans import DirectSpan, PathCounters
+from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
 
 pytestmark = pytest.mark.anyio
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from dualblade.io_engine import PageCacheFile
 from dualblade.actors.spans import MmapSpan, PathCounters, host_view
+from dualblade.io_engine import PageCacheFile
 
 MiB = 1 << 20
 
