@@ -36,11 +36,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from dualblade.commands.run import load_run_config
+from dualblade.commands import load_run_config
 from dualblade.errors import ConfigError
-from dualblade.models.factory import build_model, open_kv, random_prompts, store_config
-from dualblade.models.kv import KVProvider
-from dualblade.models.opt import OptModel
+from dualblade.models import (
+    KVProvider,
+    OptModel,
+    build_model,
+    open_kv,
+    random_prompts,
+    store_config,
+)
 
 
 @dataclass

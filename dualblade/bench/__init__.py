@@ -1,1 +1,20 @@
 """The paper's experiments as a tool: policies, memory-limit sweeps, metrics and plots."""
+
+from dualblade.bench.cgroups import CgroupError as CgroupError
+from dualblade.bench.cgroups import can_create_memory_cgroups as can_create_memory_cgroups
+from dualblade.bench.iobench import IoBenchConfig as IoBenchConfig
+from dualblade.bench.iobench import run_iobench as run_iobench
+from dualblade.bench.kv_workload import run_kv_workload as run_kv_workload
+from dualblade.bench.kv_workload import summarize as summarize
+from dualblade.bench.pipebench import run_pipebench as run_pipebench
+from dualblade.bench.plots import write_plots as write_plots
+from dualblade.bench.presets import get_bench_preset as get_bench_preset
+from dualblade.bench.soak import SoakOptions as SoakOptions
+from dualblade.bench.soak import run_soak as run_soak
+from dualblade.bench.sweep import Sweep as Sweep
+from dualblade.bench.sweep import SweepPlan as SweepPlan
+from dualblade.bench.sweep import check_plan as check_plan
+from dualblade.bench.sweep import reference_bandwidths as reference_bandwidths
+from dualblade.bench.sweep_report import aggregate as aggregate
+from dualblade.bench.sweep_report import evaluate_claims as evaluate_claims
+from dualblade.bench.sweep_report import markdown_table as markdown_table

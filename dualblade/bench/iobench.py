@@ -24,8 +24,14 @@ import anyio
 
 from dualblade.bench import fio
 from dualblade.bench.page_cache import drop_file_cache
-from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, PageCacheFile, Target
-from dualblade.io_engine.targets.block_device import BlockDevice
+from dualblade.io_engine import (
+    AlignedBuffer,
+    BlockDevice,
+    DirectFile,
+    IOEngine,
+    PageCacheFile,
+    Target,
+)
 
 #: The size of one request (a KPU-sized copy-thread buffer); two are kept in flight. 128 MiB is
 #: the paper's decode read of one K or V tensor (OPT-6.7B, batch 32: 128-135 MB). Measured here

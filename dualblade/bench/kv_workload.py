@@ -20,7 +20,7 @@ import anyio
 import torch
 
 from dualblade.errors import DualbladeError, plain_errors
-from dualblade.store.kv_store import KVContext, KVStore
+from dualblade.store import KVContext, KVStore
 
 
 class VerificationError(DualbladeError):

@@ -19,8 +19,8 @@ import anyio
 import torch
 
 from dualblade.io_engine import AlignedBuffer
-from dualblade.pipeline.config import PipelineConfig
-from dualblade.store.kv_store import KVContext, KVStore, open_store
+from dualblade.pipeline import PipelineConfig
+from dualblade.store import KVContext, KVStore, open_store
 
 
 @dataclass(frozen=True)

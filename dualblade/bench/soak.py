@@ -35,8 +35,7 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.actors import Reply
-from dualblade.actors.binder import Book, GetBook
+from dualblade.actors import Book, GetBook, Reply
 from dualblade.bench.process_stats import (
     MemorySample,
     describe_fds,
@@ -55,10 +54,13 @@ from dualblade.io_engine.targets.faulty import (
     InjectedFault,
     InjectedIOError,
 )
-from dualblade.pipeline import PipelineConfig, config_from_mapping
-from dualblade.pipeline.config import default_cache_dir
-from dualblade.pipeline.planner import layer_page_cache_bytes
-from dualblade.store.kv_store import KVContext, KVStore, LayerLostError, open_store
+from dualblade.pipeline import (
+    PipelineConfig,
+    config_from_mapping,
+    default_cache_dir,
+    layer_page_cache_bytes,
+)
+from dualblade.store import KVContext, KVStore, LayerLostError, open_store
 
 #: A small GQA shape whose rows (3 × 4 × 64 bfloat16 = 1.5 KiB) are padded to 4 KiB blocks.
 SOAK_MODEL: dict[str, Any] = {

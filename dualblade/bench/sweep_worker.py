@@ -59,7 +59,7 @@ async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any
     import time
 
     from dualblade.bench.sweep_workload import PhaseClock, SweepWorkloadResult
-    from dualblade.models.factory import random_prompts
+    from dualblade.models import random_prompts
 
     workload = store.config.workload
     prompts = random_prompts(
@@ -84,7 +84,7 @@ async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any
 
 
 def _build_model(spec: dict[str, Any]) -> Any:
-    from dualblade.models.factory import build_model, compute_dtype
+    from dualblade.models import build_model, compute_dtype
 
     compute = spec["compute"]
     return build_model(
@@ -109,7 +109,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     )
     from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
     from dualblade.pipeline import config_from_mapping
-    from dualblade.store.kv_store import open_store
+    from dualblade.store import open_store
 
     config = config_from_mapping(spec["config"], source="bench spec", env={})
     stat_file = stat_file_for(spec["device_path"]) if spec.get("device_path") else None

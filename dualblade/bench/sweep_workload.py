@@ -26,8 +26,8 @@ import torch
 
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
-from dualblade.pipeline.config import PipelineConfig
-from dualblade.store.kv_store import KVContext, KVStore
+from dualblade.pipeline import PipelineConfig
+from dualblade.store import KVContext, KVStore
 
 Verify = Literal["sample", "full"]
 

@@ -1,0 +1,1 @@
+from dualblade.commands.run import load_run_config as load_run_config

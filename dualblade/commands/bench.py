@@ -58,8 +58,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _plan(args: argparse.Namespace) -> tuple[Any, str]:
-    from dualblade.bench.presets import get_bench_preset
-    from dualblade.bench.sweep import SweepPlan, check_plan
+    from dualblade.bench import SweepPlan, check_plan, get_bench_preset
     from dualblade.errors import ConfigError
     from dualblade.pipeline import default_cache_dir, load_config, parse_size
 
@@ -114,10 +113,16 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def bench(args: argparse.Namespace) -> int:
-    from dualblade.bench.cgroups import CgroupError, can_create_memory_cgroups
-    from dualblade.bench.plots import write_plots
-    from dualblade.bench.sweep import Sweep, reference_bandwidths
-    from dualblade.bench.sweep_report import aggregate, evaluate_claims, markdown_table
+    from dualblade.bench import (
+        CgroupError,
+        Sweep,
+        aggregate,
+        can_create_memory_cgroups,
+        evaluate_claims,
+        markdown_table,
+        reference_bandwidths,
+        write_plots,
+    )
     from dualblade.pipeline import config_from_mapping
 
     plan, label = _plan(args)

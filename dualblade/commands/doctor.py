@@ -13,7 +13,7 @@ import tempfile
 from typing import Any
 
 from dualblade.commands._output import print_json
-from dualblade.pipeline.config import default_cache_dir
+from dualblade.pipeline import default_cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +39,7 @@ def _io_uring() -> dict[str, Any]:
 
 
 def _memory() -> dict[str, Any]:
-    from dualblade.pipeline.memory import discover_memory
+    from dualblade.pipeline import discover_memory
 
     try:
         snapshot = discover_memory()

@@ -75,7 +75,7 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from dualblade.commands.run import load_run_config
-    from dualblade.models.factory import (
+    from dualblade.models import (
         build_model,
         compute_dtype,
         open_kv,

@@ -7,7 +7,7 @@ import sys
 
 from dualblade.commands._output import format_table, print_json
 from dualblade.errors import ConfigError
-from dualblade.pipeline.config import default_cache_dir
+from dualblade.pipeline import default_cache_dir
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -47,8 +47,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from dualblade.bench.iobench import IoBenchConfig, run_iobench
-    from dualblade.pipeline.sizes import parse_size
+    from dualblade.bench import IoBenchConfig, run_iobench
+    from dualblade.pipeline import parse_size
 
     size = parse_size(args.size)
     block_size = parse_size(args.block_size)

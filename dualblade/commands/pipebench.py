@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from dualblade.bench.pipebench import run_pipebench
+    from dualblade.bench import run_pipebench
     from dualblade.commands.run import load_run_config
 
     if args.runs < 1 or args.passes < 1:

@@ -55,9 +55,9 @@ def load_run_config(path: str | None, policy: str | None) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dualblade.bench.kv_workload import run_kv_workload, summarize
+    from dualblade.bench import run_kv_workload, summarize
     from dualblade.pipeline import parse_size
-    from dualblade.store.kv_store import open_store
+    from dualblade.store import open_store
     from dualblade.telemetry import Tracer
 
     config = load_run_config(args.config, args.policy)

@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: argparse.Namespace) -> int:
-    from dualblade.bench.soak import SoakOptions, run_soak
+    from dualblade.bench import SoakOptions, run_soak
 
     seconds = args.seconds if args.seconds is not None else args.minutes * 60
     options = SoakOptions(

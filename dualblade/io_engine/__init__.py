@@ -22,3 +22,4 @@ from dualblade.io_engine.targets import DirectFile as DirectFile
 from dualblade.io_engine.targets import NvmeNamespace as NvmeNamespace
 from dualblade.io_engine.targets import PageCacheFile as PageCacheFile
 from dualblade.io_engine.targets import Target as Target
+from dualblade.io_engine.targets.direct_file import DIRECT_FILE_ALIGNMENT as DIRECT_FILE_ALIGNMENT

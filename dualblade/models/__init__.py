@@ -14,6 +14,7 @@ from dualblade.models.checkpoint import load_checkpoint as load_checkpoint
 from dualblade.models.checkpoint import save_checkpoint as save_checkpoint
 from dualblade.models.factory import POLICIES as POLICIES
 from dualblade.models.factory import build_model as build_model
+from dualblade.models.factory import compute_dtype as compute_dtype
 from dualblade.models.factory import open_kv as open_kv
 from dualblade.models.factory import random_prompts as random_prompts
 from dualblade.models.factory import store_config as store_config

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dualblade.errors import ConfigError
-from dualblade.pipeline.shapes import DTYPE_BYTES, DType, ModelShape, get_preset
+from dualblade.pipeline import DTYPE_BYTES, DType, ModelShape, get_preset
 
 #: OPT's learned positional embedding table starts at index 2 (a fairseq leftover): position p
 #: reads row p + 2, so the table has ``max_positions + 2`` rows.

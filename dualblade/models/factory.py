@@ -19,9 +19,8 @@ from dualblade.models.checkpoint import load_checkpoint
 from dualblade.models.kv import KVProvider, MemoryKV
 from dualblade.models.opt import OptModel
 from dualblade.models.weights import random_weights
-from dualblade.pipeline.config import PipelineConfig
-from dualblade.pipeline.config import Policy as StorePolicy
-from dualblade.pipeline.config_loader import config_from_mapping
+from dualblade.pipeline import PipelineConfig, config_from_mapping
+from dualblade.pipeline import Policy as StorePolicy
 
 #: The store's policies, and ``memory``: the KV cache in RAM, the reference.
 GeneratePolicy = Literal["dual", "direct", "page-cache", "cache-policy", "baseline", "memory"]
@@ -127,7 +126,7 @@ async def open_kv(
             device=device or "cpu",
         )
         return
-    from dualblade.store.kv_store import open_store
+    from dualblade.store import open_store
 
     async with open_store(config, device=device, memory_limit=memory_limit) as store:
         yield store

@@ -43,10 +43,14 @@ from typing import Any, Self
 import torch
 
 from dualblade.errors import DualbladeError
-from dualblade.pipeline.config import PipelineConfig, Policy, StorageSection
-from dualblade.pipeline.config_loader import config_from_mapping
-from dualblade.pipeline.sizes import parse_size
-from dualblade.store.blocking import BlockingContext, BlockingStore, open_store_blocking
+from dualblade.pipeline import (
+    PipelineConfig,
+    Policy,
+    StorageSection,
+    config_from_mapping,
+    parse_size,
+)
+from dualblade.store import BlockingContext, BlockingStore, open_store_blocking
 
 try:
     from transformers import PreTrainedConfig

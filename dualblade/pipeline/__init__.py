@@ -41,6 +41,7 @@ from dualblade.pipeline.errors import ExtentOverflowError as ExtentOverflowError
 from dualblade.pipeline.errors import MemoryDiscoveryError as MemoryDiscoveryError
 from dualblade.pipeline.errors import PlanError as PlanError
 from dualblade.pipeline.kpu import KpuId as KpuId
+from dualblade.pipeline.kpu import TensorKind as TensorKind
 from dualblade.pipeline.kpu import layer_kpus as layer_kpus
 from dualblade.pipeline.layout import TensorLayout as TensorLayout
 from dualblade.pipeline.lba_map import KpuExtent as KpuExtent
@@ -60,9 +61,11 @@ from dualblade.pipeline.placement import assign_groups as assign_groups
 from dualblade.pipeline.placement import place_layers as place_layers
 from dualblade.pipeline.planner import Plan as Plan
 from dualblade.pipeline.planner import budget_for as budget_for
+from dualblade.pipeline.planner import layer_page_cache_bytes as layer_page_cache_bytes
 from dualblade.pipeline.planner import make_plan as make_plan
 from dualblade.pipeline.planner import pin_bytes as pin_bytes
 from dualblade.pipeline.planner import tensor_layout as tensor_layout
+from dualblade.pipeline.shapes import DTYPE_BYTES as DTYPE_BYTES
 from dualblade.pipeline.shapes import PRESETS as PRESETS
 from dualblade.pipeline.shapes import DType as DType
 from dualblade.pipeline.shapes import ModelShape as ModelShape

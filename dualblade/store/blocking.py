@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
-from dualblade.pipeline.config import PipelineConfig
+from dualblade.pipeline import PipelineConfig
 from dualblade.store.kv_store import KVContext, KVStore, open_store
 
 

@@ -32,27 +32,43 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.actors import Load, Reply, RowView, Store, TransferStats
-from dualblade.actors.binder import ClaimExtent, ClaimFile, ReleaseContext
-from dualblade.actors.spans import DirectSpan, MmapSpan, PageCacheSpan, count_residency
-from dualblade.actors.strategy_probe import (
+from dualblade.actors import (
+    ClaimExtent,
+    ClaimFile,
+    DirectSpan,
     GetStrategy,
     IterationEnd,
     IterationStart,
+    Load,
+    MmapSpan,
+    PageCacheSpan,
     ProbeState,
+    ReleaseContext,
+    Reply,
+    RowView,
+    Store,
     StrategyName,
+    TransferStats,
+    count_residency,
 )
 from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import PageCacheFile, Target
 from dualblade.logs import get_logger
-from dualblade.pipeline.config import PipelineConfig
-from dualblade.pipeline.kpu import KpuId, TensorKind
-from dualblade.pipeline.layout import TensorLayout
-from dualblade.pipeline.lba_map import LbaMap, Region
-from dualblade.pipeline.placement import assign_groups
-from dualblade.pipeline.planner import Plan
-from dualblade.pipeline.sizes import BlockCount, ByteCount, Lba
-from dualblade.pipeline.slicing import RowRange, plan_slice
+from dualblade.pipeline import (
+    BlockCount,
+    ByteCount,
+    KpuId,
+    Lba,
+    LbaMap,
+    PipelineConfig,
+    Plan,
+    Region,
+    RowRange,
+    TensorKind,
+    TensorLayout,
+    assign_groups,
+    plan_slice,
+)
 from dualblade.store.runtime import Runtime, start_runtime
 from dualblade.telemetry import NULL_TRACER, Tracer
 

@@ -22,16 +22,17 @@ from dualblade.actors import (
     Actor,
     BinderActor,
     Budget,
+    BudgetChanged,
     BudgeterActor,
     CopyThreadActor,
     GpuDmaActor,
     OverlapGate,
+    PathCounters,
     StrategyProbeActor,
 )
-from dualblade.actors.spans import PathCounters
-from dualblade.actors.strategy_probe import BudgetChanged
 from dualblade.errors import plain_errors
 from dualblade.io_engine import (
+    DIRECT_FILE_ALIGNMENT,
     AlignedBuffer,
     BlockDevice,
     DirectFile,
@@ -40,11 +41,15 @@ from dualblade.io_engine import (
     PageCacheFile,
     Target,
 )
-from dualblade.io_engine.targets.direct_file import DIRECT_FILE_ALIGNMENT
 from dualblade.logs import get_logger
-from dualblade.pipeline.budget import PageCacheBudget
-from dualblade.pipeline.config import PipelineConfig
-from dualblade.pipeline.planner import Plan, budget_for, make_plan, pin_bytes
+from dualblade.pipeline import (
+    PageCacheBudget,
+    PipelineConfig,
+    Plan,
+    budget_for,
+    make_plan,
+    pin_bytes,
+)
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
 
 _log = get_logger(__name__)
