@@ -46,7 +46,7 @@ def test_flexgen_may_come_first_in_the_policies(
 ) -> None:
     # flexgen is no pipeline policy: the sweep's shape must not be read from a config with it.
     monkeypatch.setattr(
-        "dualblade.bench.cgroups.can_create_memory_cgroups", lambda: "stop here (test)"
+        "dualblade.bench.can_create_memory_cgroups", lambda: "stop here (test)"
     )
     assert main(["bench", "--policies", "flexgen,dual", "--memory-limits", "1GiB"]) != 0
     err = capsys.readouterr().err
