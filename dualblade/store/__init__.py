@@ -8,6 +8,9 @@ context materializes its storage on first use and releases it on close.
 from dualblade.store.blocking import BlockingContext as BlockingContext
 from dualblade.store.blocking import BlockingStore as BlockingStore
 from dualblade.store.blocking import open_store_blocking as open_store_blocking
+from dualblade.store.dtypes import TORCH_DTYPES as TORCH_DTYPES
+from dualblade.store.dtypes import dtype_name as dtype_name
+from dualblade.store.dtypes import torch_dtype as torch_dtype
 from dualblade.store.kv_store import ContextClosedError as ContextClosedError
 from dualblade.store.kv_store import KVContext as KVContext
 from dualblade.store.kv_store import KVShapeError as KVShapeError

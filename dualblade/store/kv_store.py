@@ -69,12 +69,11 @@ from dualblade.pipeline import (
     assign_groups,
     plan_slice,
 )
+from dualblade.store.dtypes import torch_dtype
 from dualblade.store.runtime import Runtime, start_runtime
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 _log = get_logger(__name__)
-
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class KVShapeError(DualbladeError, ValueError):
@@ -125,7 +124,7 @@ class KVContext:
         self.width = shape.kv_width
         self.kv_heads = shape.num_kv_heads
         self.head_dim = shape.head_dim
-        self.dtype = _DTYPES[shape.dtype]
+        self.dtype = torch_dtype(shape.dtype)
         self.num_layers = shape.num_layers
         self.direct_layout: TensorLayout = plan.layout
         self.file_layout = TensorLayout(self.max_len, plan.layout.row_bytes, ByteCount(1))
