@@ -74,6 +74,7 @@ class Book:
     extents: dict[int, tuple[int, int]]
     files: dict[int, list[str]]
     region: tuple[int, int]  # first LBA, end LBA (exclusive) of what may be handed out
+    file_bytes: dict[int, int] = field(default_factory=lambda: {})  # page-cache bytes per context
 
 
 BinderMessage = ClaimExtent | ClaimFile | ReleaseContext | GetBook
@@ -152,13 +153,18 @@ class BinderActor(Actor[BinderMessage]):
         elif isinstance(message, ReleaseContext):
             message.reply.set(await self._release(message.context))
         elif isinstance(message, GetBook):
-            message.reply.set(
-                Book(
-                    extents={c: h.extent for c, h in self._held.items() if h.extent is not None},
-                    files={c: sorted(h.files) for c, h in self._held.items() if h.files},
-                    region=(self.allocator.first, self.allocator.end),
-                )
-            )
+            message.reply.set(self.book())
+
+    def book(self) -> Book:
+        """What is held now. The binder's state only changes on the event loop's thread, so a
+        caller on that thread may read it directly (the store's stats do)."""
+        held = self._held.items()
+        return Book(
+            extents={c: h.extent for c, h in held if h.extent is not None},
+            files={c: sorted(h.files) for c, h in held if h.files},
+            region=(self.allocator.first, self.allocator.end),
+            file_bytes={c: sum(f.size for f in h.files.values()) for c, h in held if h.files},
+        )
 
     def _grow_file_target(self) -> None:
         # Any target that can grow (a DirectFile, or a wrapper of one such as FaultyTarget).

@@ -17,6 +17,7 @@ from dualblade.io_engine.errors import IoUringUnavailableError as IoUringUnavail
 from dualblade.io_engine.errors import TargetError as TargetError
 from dualblade.io_engine.probe import IoUringProbe as IoUringProbe
 from dualblade.io_engine.probe import probe as probe
+from dualblade.io_engine.ring import ChunkObserver as ChunkObserver
 from dualblade.io_engine.targets import BlockDevice as BlockDevice
 from dualblade.io_engine.targets import DirectFile as DirectFile
 from dualblade.io_engine.targets import NvmeNamespace as NvmeNamespace

@@ -47,6 +47,7 @@ from dualblade.pipeline.layout import TensorLayout as TensorLayout
 from dualblade.pipeline.lba_map import KpuExtent as KpuExtent
 from dualblade.pipeline.lba_map import LbaMap as LbaMap
 from dualblade.pipeline.lba_map import Region as Region
+from dualblade.pipeline.medium import Medium as Medium
 from dualblade.pipeline.memory import CgroupLocation as CgroupLocation
 from dualblade.pipeline.memory import CgroupMemory as CgroupMemory
 from dualblade.pipeline.memory import HostMemory as HostMemory

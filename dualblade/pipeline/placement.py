@@ -11,30 +11,39 @@ per-layer sizes and takes the longest prefix that fits, which is the same for eq
 correct if a model ever has layers of different widths.
 
 The other policies of the evaluation are placements too: ``direct`` puts every layer in Group 2,
-``page-cache``, ``cache-policy`` and ``baseline`` put every layer in Group 1 (they differ in how
-the page-cache path behaves, not in where tensors go).
+``page-cache``, ``cache-policy`` and ``baseline`` put every layer in Group 1. They differ in the
+medium each layer gets (:class:`~.medium.Medium`): ``cache-policy`` keeps the layers Algorithm 1
+would keep and drops the others' pages after each use; ``baseline`` maps its files.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from dualblade.pipeline.errors import PlanError
-
-Group = Literal["page_cache", "direct"]
+from dualblade.pipeline.medium import Medium
 
 
 @dataclass(frozen=True)
 class Placement:
-    """The two groups of layers, in ascending order, and the bytes each will hold."""
+    """Each layer's medium, and the bytes each layer will hold."""
 
-    page_cache: tuple[int, ...]
-    direct: tuple[int, ...]
+    media: tuple[Medium, ...]
     layer_bytes: tuple[int, ...]
     knob_x_bytes: int
     policy: str
+
+    @property
+    def page_cache(self) -> tuple[int, ...]:
+        """Group 1: the layers whose bytes pass through the page cache, ascending."""
+        return tuple(i for i, medium in enumerate(self.media) if medium.uses_page_cache)
+
+    @property
+    def direct(self) -> tuple[int, ...]:
+        """Group 2: the layers on the direct path, ascending."""
+        return tuple(i for i, medium in enumerate(self.media) if medium is Medium.DIRECT)
 
     @property
     def n1(self) -> int:
@@ -51,15 +60,15 @@ class Placement:
         """Bytes of K and V in Group 2."""
         return sum(self.layer_bytes[layer] for layer in self.direct)
 
-    def group_of(self, layer: int) -> Group:
-        """The group of one layer.
+    def medium_of(self, layer: int) -> Medium:
+        """The medium of one layer.
 
         Raises:
             PlanError: the model has no such layer.
         """
-        if not 0 <= layer < len(self.layer_bytes):
-            raise PlanError(f"layer {layer} is outside the model's {len(self.layer_bytes)} layers")
-        return "page_cache" if layer in self.page_cache else "direct"
+        if not 0 <= layer < len(self.media):
+            raise PlanError(f"layer {layer} is outside the model's {len(self.media)} layers")
+        return self.media[layer]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready summary (the layer lists themselves go under ``groups``)."""
@@ -96,8 +105,8 @@ def assign_groups(
             break
         used += size
         n1 += 1
-    layers = tuple(range(len(layer_bytes)))
-    return Placement(layers[:n1], layers[n1:], tuple(layer_bytes), x, "dual")
+    media = (Medium.PAGE_CACHE,) * n1 + (Medium.DIRECT,) * (len(layer_bytes) - n1)
+    return Placement(media, tuple(layer_bytes), x, "dual")
 
 
 def place_layers(
@@ -111,11 +120,18 @@ def place_layers(
     if policy == "dual":
         return assign_groups(layer_bytes, page_cache_budget, knob_x)
     _check_sizes(layer_bytes)
-    layers = tuple(range(len(layer_bytes)))
+    n = len(layer_bytes)
     if policy == "direct":
-        return Placement((), layers, tuple(layer_bytes), 0, policy)
-    if policy in ("page-cache", "cache-policy", "baseline"):
-        return Placement(layers, (), tuple(layer_bytes), sum(layer_bytes), policy)
+        return Placement((Medium.DIRECT,) * n, tuple(layer_bytes), 0, policy)
+    if policy == "page-cache":
+        return Placement((Medium.PAGE_CACHE,) * n, tuple(layer_bytes), sum(layer_bytes), policy)
+    if policy == "baseline":
+        return Placement((Medium.MMAP,) * n, tuple(layer_bytes), sum(layer_bytes), policy)
+    if policy == "cache-policy":
+        # Algorithm 1's n1 layers stay resident; the rest pass through and are dropped.
+        kept = assign_groups(layer_bytes, page_cache_budget, knob_x).n1
+        media = (Medium.PAGE_CACHE,) * kept + (Medium.PAGE_CACHE_DROPPED,) * (n - kept)
+        return Placement(media, tuple(layer_bytes), sum(layer_bytes), policy)
     raise PlanError(
         f"unknown policy {policy!r}; use dual, direct, page-cache, cache-policy or baseline"
     )

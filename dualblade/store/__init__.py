@@ -2,18 +2,28 @@
 
 The store turns the plan (:mod:`dualblade.pipeline`) into moving bytes: its runtime opens the
 targets and the I/O engine, starts and wires the five actors, and applies each new plan; each
-context materializes its storage on first use and releases it on close.
+context materializes its storage on first use and releases it on close; :mod:`.media` maps each
+layer's medium to the span that moves it. Code above the store reads ``KVStore.stats()``.
+
+- :mod:`.kv_store`: ``KVStore`` and ``open_store``;
+- :mod:`.context`: ``KVContext``, one request's KV cache; :mod:`.tensor_shape` checks its input;
+- :mod:`.media`: the medium -> span table;
+- :mod:`.runtime`, :mod:`.direct_target`, :mod:`.copy_thread_pool`: starting and wiring it all;
+- :mod:`.stats`: the typed snapshot; :mod:`.blocking`: the facade for synchronous callers;
+- :mod:`.dtypes`: dtype names and torch dtypes; :mod:`.errors`: what a context raises.
 """
 
 from dualblade.store.blocking import BlockingContext as BlockingContext
 from dualblade.store.blocking import BlockingStore as BlockingStore
 from dualblade.store.blocking import open_store_blocking as open_store_blocking
+from dualblade.store.context import KVContext as KVContext
 from dualblade.store.dtypes import TORCH_DTYPES as TORCH_DTYPES
 from dualblade.store.dtypes import dtype_name as dtype_name
 from dualblade.store.dtypes import torch_dtype as torch_dtype
-from dualblade.store.kv_store import ContextClosedError as ContextClosedError
-from dualblade.store.kv_store import KVContext as KVContext
-from dualblade.store.kv_store import KVShapeError as KVShapeError
+from dualblade.store.errors import ContextClosedError as ContextClosedError
+from dualblade.store.errors import KVShapeError as KVShapeError
+from dualblade.store.errors import LayerLostError as LayerLostError
 from dualblade.store.kv_store import KVStore as KVStore
-from dualblade.store.kv_store import LayerLostError as LayerLostError
 from dualblade.store.kv_store import open_store as open_store
+from dualblade.store.stats import CoDmaStats as CoDmaStats
+from dualblade.store.stats import StoreStats as StoreStats

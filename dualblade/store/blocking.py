@@ -20,7 +20,8 @@ import torch
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from dualblade.pipeline import PipelineConfig
-from dualblade.store.kv_store import KVContext, KVStore, open_store
+from dualblade.store.context import KVContext
+from dualblade.store.kv_store import KVStore, open_store
 
 
 class BlockingContext:

@@ -32,12 +32,8 @@ from dualblade.actors import (
 )
 from dualblade.errors import plain_errors
 from dualblade.io_engine import (
-    DIRECT_FILE_ALIGNMENT,
     AlignedBuffer,
-    BlockDevice,
-    DirectFile,
     IOEngine,
-    NvmeNamespace,
     PageCacheFile,
     Target,
 )
@@ -50,70 +46,11 @@ from dualblade.pipeline import (
     make_plan,
     pin_bytes,
 )
+from dualblade.store.copy_thread_pool import CopyThreadPool
+from dualblade.store.direct_target import open_direct_target
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
 
 _log = get_logger(__name__)
-
-
-def open_direct_target(config: PipelineConfig) -> tuple[Target, int, int | None]:
-    """The configured direct target, its first LBA and its extent in blocks (None: grows)."""
-    spec = config.storage.direct
-    if spec.kind == "file":
-        if spec.lba_size != DIRECT_FILE_ALIGNMENT:
-            from dualblade.errors import ConfigError
-
-            # Rows padded to smaller blocks would fail O_DIRECT at the first write.
-            raise ConfigError(
-                f"storage.direct.lba_size is {spec.lba_size} but a direct file moves "
-                f"{DIRECT_FILE_ALIGNMENT}-byte blocks (O_DIRECT alignment); set lba_size = "
-                f"{DIRECT_FILE_ALIGNMENT} or leave it out"
-            )
-        # The extent starts at first_lba: the file holds the blocks before it too.
-        size = spec.first_lba * spec.lba_size + spec.extent_size if spec.extent_size else 0
-        target: Target = DirectFile(spec.path, size)
-        return target, spec.first_lba, spec.extent_blocks()
-    target = BlockDevice(str(spec.path)) if spec.kind == "block" else NvmeNamespace(str(spec.path))
-    if target.lba_size != spec.lba_size:
-        lba = target.lba_size
-        target.close()
-        from dualblade.errors import ConfigError
-
-        raise ConfigError(
-            f"storage.direct.lba_size is {spec.lba_size} but {spec.path} has {lba}-byte "
-            f"blocks; set lba_size = {lba}"
-        )
-    return target, spec.first_lba, spec.extent_blocks()
-
-
-class CopyThreadPool:
-    """Hands copy threads to transfers: the least busy one, at most two transfers each.
-
-    A copy thread overlaps the tail of one transfer with the head of the next inside its one
-    buffer (see :mod:`dualblade.actors.copy_thread`), so each may hold two; a transfer waits
-    while every thread holds two.
-    """
-
-    PER_THREAD = 2
-
-    def __init__(self, threads: list[CopyThreadActor]) -> None:
-        self.threads = threads
-        self._busy = [0] * len(threads)
-        self._changed = anyio.Event()
-
-    @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[CopyThreadActor]:
-        while True:
-            index = min(range(len(self.threads)), key=self._busy.__getitem__)
-            if self._busy[index] < self.PER_THREAD:
-                break
-            await self._changed.wait()
-        self._busy[index] += 1
-        try:
-            yield self.threads[index]
-        finally:
-            self._busy[index] -= 1
-            self._changed.set()
-            self._changed = anyio.Event()
 
 
 @dataclass

@@ -97,7 +97,7 @@ def test_soak_fails_when_the_engine_swallows_errors(
 def test_soak_fails_on_a_wrong_byte(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dualblade.store.kv_store import KVContext
+    from dualblade.store import KVContext
 
     read = KVContext.read
 
@@ -119,7 +119,7 @@ def test_soak_fails_on_a_wrong_byte(
 def test_soak_fails_on_a_leaked_extent(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dualblade.store.kv_store import KVContext
+    from dualblade.store import KVContext
 
     async def forget(self: KVContext) -> None:
         self._closed = True  # never tells the binder

@@ -27,7 +27,7 @@ from dualblade.errors import ConfigError  # noqa: E402
 from dualblade.models.hf_cache import DualBladeCache, DualBladeCacheError  # noqa: E402
 from dualblade.pipeline import StorageSection, config_from_mapping  # noqa: E402
 from dualblade.pipeline.planner import layer_page_cache_bytes  # noqa: E402
-from dualblade.store.blocking import open_store_blocking  # noqa: E402
+from dualblade.store import open_store_blocking  # noqa: E402
 
 POLICIES = ["dual", "direct", "page-cache", "cache-policy", "baseline"]
 PROMPT, NEW, BATCH, VOCAB = 7, 6, 2, 128

@@ -19,7 +19,7 @@ from dualblade.actors import Reply
 from dualblade.actors.binder import Book, GetBook
 from dualblade.io_engine import AlignedBuffer, NvmeNamespace
 from dualblade.pipeline.config import PipelineConfig
-from dualblade.store.kv_store import KVStore, open_store
+from dualblade.store import KVStore, open_store
 
 pytestmark = pytest.mark.anyio
 

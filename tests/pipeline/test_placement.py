@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dualblade.pipeline import PlanError, assign_groups, place_layers
+from dualblade.pipeline import Medium, PlanError, assign_groups, place_layers
 
 MIB = 1 << 20
 
@@ -17,8 +17,8 @@ def test_paper_example():
     assert placement.direct == tuple(range(18, 32))
     assert placement.page_cache_bytes == 18 * 272 * MIB
     assert placement.direct_bytes == 14 * 272 * MIB
-    assert placement.group_of(17) == "page_cache"
-    assert placement.group_of(18) == "direct"
+    assert placement.medium_of(17) is Medium.PAGE_CACHE
+    assert placement.medium_of(18) is Medium.DIRECT
 
 
 def test_x_defaults_to_budget_and_is_clamped():
@@ -56,7 +56,7 @@ def test_refusals():
     with pytest.raises(PlanError, match="negative"):
         assign_groups([10], -1)
     with pytest.raises(PlanError, match="outside"):
-        assign_groups([10], 100).group_of(1)
+        assign_groups([10], 100).medium_of(1)
 
 
 sizes = st.lists(st.integers(1, 1 << 30), min_size=1, max_size=64)
@@ -87,3 +87,16 @@ def test_extremes(layer_bytes, budget):
     assert assign_groups(layer_bytes, budget, 0).n1 == 0
     assert assign_groups(layer_bytes, sum(layer_bytes)).direct == ()
     assert assign_groups(layer_bytes, sum(layer_bytes) + budget).n1 == len(layer_bytes)
+
+
+def test_each_policy_names_its_layers_media() -> None:
+    sizes = [10] * 5
+    assert place_layers("dual", sizes, 25).media == (Medium.PAGE_CACHE,) * 2 + (Medium.DIRECT,) * 3
+    assert place_layers("direct", sizes, 25).media == (Medium.DIRECT,) * 5
+    assert place_layers("page-cache", sizes, 25).media == (Medium.PAGE_CACHE,) * 5
+    assert place_layers("baseline", sizes, 25).media == (Medium.MMAP,) * 5
+    # cache-policy keeps Algorithm 1's layers and drops the others' pages after each use
+    kept = place_layers("cache-policy", sizes, 25, 15)
+    assert kept.media == (Medium.PAGE_CACHE,) + (Medium.PAGE_CACHE_DROPPED,) * 4
+    assert kept.page_cache == tuple(range(5))
+    assert kept.direct == ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import MakeConfig
 

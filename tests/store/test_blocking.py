@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.store.blocking import open_store_blocking
-from dualblade.store.kv_store import KVShapeError
+from dualblade.store import KVShapeError, open_store_blocking
 
 from .conftest import random_kv
 

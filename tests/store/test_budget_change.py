@@ -9,7 +9,7 @@ from dualblade.actors import Budget, Reply
 from dualblade.actors.budgeter import Refresh
 from dualblade.bench.kv_workload import run_kv_workload
 from dualblade.pipeline import fixed_budget, pin_bytes
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import random_kv
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from dualblade.actors._base import Actor, Reply
-from dualblade.store.kv_store import KVContext, KVStore, LayerLostError, open_store
+from dualblade.store import KVContext, KVStore, LayerLostError, open_store
 
 from .conftest import MakeConfig, random_kv
 

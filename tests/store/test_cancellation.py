@@ -6,7 +6,7 @@ import anyio
 import pytest
 import torch
 
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import random_kv
 

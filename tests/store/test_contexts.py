@@ -12,7 +12,7 @@ import torch
 
 from dualblade.actors import ExtentExhaustedError, Reply
 from dualblade.actors.binder import Book, GetBook
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import random_kv
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from dualblade.io_engine import TargetError
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import MakeConfig, random_kv
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dualblade.errors import DualbladeError
-from dualblade.store.kv_store import ContextClosedError, KVShapeError, open_store
+from dualblade.store import ContextClosedError, KVShapeError, open_store
 
 from .conftest import random_kv
 

@@ -25,7 +25,7 @@ from dualblade.actors.binder import Book, GetBook
 from dualblade.bench.process_stats import live_threads, memory_sample, open_fds
 from dualblade.io_engine import IOFailedError, Target
 from dualblade.io_engine.targets.faulty import FaultKind, FaultPolicy, FaultyTarget
-from dualblade.store.kv_store import KVContext, KVStore, LayerLostError, open_store
+from dualblade.store import KVContext, KVStore, LayerLostError, open_store
 
 from .conftest import MakeConfig, random_kv
 

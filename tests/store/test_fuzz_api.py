@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from dualblade.errors import DualbladeError
 from dualblade.pipeline import PipelineConfig, config_from_mapping
-from dualblade.store.blocking import BlockingContext, BlockingStore, open_store_blocking
+from dualblade.store import BlockingContext, BlockingStore, open_store_blocking
 
 LAYERS, BATCH, KV_HEADS, HEAD_DIM, MAX_LEN = 3, 3, 2, 32, 12
 WIDTH = KV_HEADS * HEAD_DIM
@@ -224,7 +224,7 @@ async def test_a_kpu_too_large_for_memory_is_our_error(
 ) -> None:
     """The pinned buffers hold one KPU each; one that cannot be allocated is a DualbladeError
     naming the buffer (mmap's bare OSError before)."""
-    from dualblade.store.kv_store import open_store
+    from dualblade.store import open_store
 
     model: dict[str, Any] = {"num_layers": 2, "hidden_size": 2**36, "num_heads": 8}
     model[field] = value

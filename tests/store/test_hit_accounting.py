@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import MakeConfig, random_kv
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dualblade.pipeline.slicing import RowRange
-from dualblade.store.kv_store import KVContext, KVShapeError, open_store
+from dualblade.store import KVContext, KVShapeError, open_store
 
 from .conftest import MakeConfig, random_kv
 

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from dualblade.pipeline import PipelineConfig, config_from_mapping
 from dualblade.pipeline.planner import layer_page_cache_bytes
-from dualblade.store.kv_store import KVContext, open_store
+from dualblade.store import KVContext, open_store
 
 from .conftest import POLICIES
 

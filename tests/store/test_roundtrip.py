@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dualblade.actors import copy_thread
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import POLICIES, SHAPES, random_kv
 

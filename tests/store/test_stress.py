@@ -17,7 +17,7 @@ import torch
 
 from dualblade.actors import Reply
 from dualblade.actors.binder import Book, GetBook
-from dualblade.store.kv_store import KVContext, KVStore, open_store
+from dualblade.store import KVContext, KVStore, open_store
 
 from .conftest import POLICIES, MakeConfig
 

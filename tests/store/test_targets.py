@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dualblade.errors import ConfigError
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 
 from .conftest import random_kv
 

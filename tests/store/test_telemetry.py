@@ -9,7 +9,7 @@ import re
 import pytest
 
 from dualblade.bench.kv_workload import run_kv_workload
-from dualblade.store.kv_store import open_store
+from dualblade.store import open_store
 from dualblade.telemetry import Metrics, Tracer
 
 pytestmark = pytest.mark.anyio

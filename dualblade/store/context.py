@@ -1,0 +1,346 @@
+"""One request's KV cache: a context of a store.
+
+::
+
+    async with store.context() as ctx:
+        await ctx.write(layer, k, v)            # prefill: rows [0, t)
+        await ctx.append(layer, k_row, v_row)   # decode: row t
+        k, v = await ctx.read(layer)            # rows [0, t) on the store's device
+
+Each context materializes its storage on first use — a contiguous run of blocks on the direct
+target for its direct layers, one page-cache file per page-cache KPU — and deallocates it (TRIM,
+unlink) when it closes. Contexts never share storage. Which medium each layer lives on comes
+from the context's plan; :mod:`.media` turns it into the span a copy thread moves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import torch
+
+from dualblade.actors import (
+    ClaimExtent,
+    ClaimFile,
+    Load,
+    PathCounters,
+    ReleaseContext,
+    Reply,
+    RowView,
+    Store,
+    TransferStats,
+    count_residency,
+)
+from dualblade.errors import plain_errors
+from dualblade.io_engine import IOEngine, PageCacheFile, Target
+from dualblade.logs import get_logger
+from dualblade.pipeline import (
+    BlockCount,
+    ByteCount,
+    KpuId,
+    Lba,
+    LbaMap,
+    Medium,
+    Plan,
+    Region,
+    RowRange,
+    TensorKind,
+    TensorLayout,
+)
+from dualblade.store.dtypes import torch_dtype
+from dualblade.store.errors import ContextClosedError, KVShapeError, LayerLostError
+from dualblade.store.media import SPAN_MAKERS, PlacedSpan
+from dualblade.store.tensor_shape import KVTensorShape
+
+if TYPE_CHECKING:
+    from dualblade.store.kv_store import KVStore
+
+_log = get_logger(__name__)
+
+
+class KVContext:
+    """One request's KV cache. Use through ``async with store.context() as ctx``."""
+
+    def __init__(self, store: KVStore, context_id: int, plan: Plan) -> None:
+        self.store = store
+        self.id = context_id
+        self.plan = plan
+        self._runtime = store.runtime
+        config = plan.config
+        shape = plan.shape
+        self.batch = config.workload.batch
+        self.max_len = config.workload.max_len
+        self.num_layers = shape.num_layers
+        self.tensor_shape = KVTensorShape(
+            self.batch, shape.num_kv_heads, shape.head_dim, torch_dtype(shape.dtype)
+        )
+        self.direct_layout: TensorLayout = plan.layout
+        self.file_layout = TensorLayout(self.max_len, plan.layout.row_bytes, ByteCount(1))
+        self._lengths = [0] * self.num_layers
+        self._lost: set[int] = set()  # layers whose last write failed or was cancelled
+        self._lba_map: LbaMap | None = None
+        self._map_lock = anyio.Lock()
+        self._files: dict[KpuId, PageCacheFile] = {}
+        self._closed = False
+        self.log = _log.bind(store=store.name, context=context_id)
+
+    @property
+    def width(self) -> int:
+        return self.tensor_shape.width
+
+    @property
+    def kv_heads(self) -> int:
+        return self.tensor_shape.kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.tensor_shape.head_dim
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tensor_shape.dtype
+
+    @property
+    def resident_layers(self) -> int:
+        """Layers whose pages stay cached (the rest are direct, or dropped after each use)."""
+        return self.plan.placement.media.count(Medium.PAGE_CACHE)
+
+    # -- what the span makers need (see media.ContextStorage) --------------------------------
+    @property
+    def engine(self) -> IOEngine:
+        return self._runtime.engine
+
+    @property
+    def direct_target(self) -> Target:
+        return self._runtime.direct
+
+    @property
+    def counters(self) -> PathCounters:
+        return self._runtime.counters
+
+    # -- validation ------------------------------------------------------------------------
+    def length(self, layer: int) -> int:
+        """Rows written for ``layer``."""
+        self._check_layer(layer)
+        return self._lengths[layer]
+
+    def _check_layer(self, layer: int) -> None:
+        if self._closed:
+            raise ContextClosedError(f"context {self.id} is closed")
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, int)
+            or not 0 <= layer < self.num_layers
+        ):
+            raise KVShapeError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
+
+    def _check_intact(self, layer: int) -> None:
+        if layer in self._lost:
+            raise LayerLostError(
+                f"layer {layer} of context {self.id} was being written when that write failed "
+                "or was cancelled; its rows are lost: write the layer again"
+            )
+
+    # -- storage -----------------------------------------------------------------------------
+    async def direct_map(self) -> LbaMap:
+        """The LBA map of this context's direct KPUs, claimed from the binder on first use."""
+        async with self._map_lock:
+            if self._lba_map is None:
+                direct_layers = self.plan.placement.direct
+                tensors = [
+                    (KpuId(layer, t), self.direct_layout.image_bytes)
+                    for layer in direct_layers
+                    for t in ("K", "V")
+                ]
+                blocks = sum(n for _, n in tensors) // self.direct_layout.lba_size
+                reply: Reply[int] = Reply()
+                first = await self._runtime.binder.ask(ClaimExtent(self.id, blocks, reply), reply)
+                region = Region(Lba(first), BlockCount(blocks))
+                self._lba_map = LbaMap.bind(tensors, region, self.direct_layout.lba_size)
+            return self._lba_map
+
+    async def file(self, kpu: KpuId) -> PageCacheFile:
+        """The KPU's page-cache file, created by the binder on first use, then remembered."""
+        file = self._files.get(kpu)
+        if file is None:
+            reply: Reply[PageCacheFile] = Reply()
+            claim = ClaimFile(self.id, str(kpu), self.file_layout.image_bytes, reply)
+            file = await self._runtime.binder.ask(claim, reply)
+            self._files[kpu] = file
+        return file
+
+    async def _placed(self, layer: int, tensor: TensorKind, rows: RowRange) -> tuple[Any, RowView]:
+        medium = self.plan.placement.medium_of(layer)
+        placed: PlacedSpan = await SPAN_MAKERS[medium](self, KpuId(layer, tensor), rows)
+        layout = placed.layout
+        view = RowView(
+            offset=rows.start * layout.row_stride,
+            rows=len(rows),
+            row_bytes=layout.row_bytes,
+            row_stride=layout.row_stride,
+            dtype=self.dtype,
+            shape=(len(rows), self.batch, self.width),
+        )
+        return placed.span, view
+
+    # -- transfers ----------------------------------------------------------------------------
+    async def _store_rows(
+        self, layer: int, tensor: TensorKind, rows: RowRange, source: torch.Tensor
+    ) -> TransferStats:
+        span, view = await self._placed(layer, tensor, rows)
+        reply: Reply[TransferStats] = Reply()
+        return await self._transfer(Store(source, view, span, reply), reply)
+
+    async def _load_rows(
+        self, layer: int, tensor: TensorKind, rows: RowRange, destination: torch.Tensor
+    ) -> TransferStats:
+        span, view = await self._placed(layer, tensor, rows)
+        count_residency(span)
+        reply: Reply[TransferStats] = Reply()
+        return await self._transfer(Load(span, view, destination, reply), reply)
+
+    async def _transfer(self, message: Load | Store, reply: Reply[TransferStats]) -> TransferStats:
+        """Hand a transfer to a copy thread and await it.
+
+        Once a copy thread has accepted the transfer it runs to its end, also when this caller
+        is cancelled; so a cancelled caller waits (shielded) for it to settle. Otherwise the
+        context could go on while its old transfer still writes: a cancelled append landing
+        over the next one, or — after :meth:`close` freed the run — over another context's
+        new data.
+        """
+        async with self._runtime.pool.lease() as thread:
+            await thread.send(message)
+            try:
+                return await reply.wait()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await reply.settled()
+                raise
+
+    async def _both(
+        self, work: Callable[[TensorKind], Awaitable[TransferStats]]
+    ) -> list[TransferStats]:
+        results: list[TransferStats] = []
+
+        async def one(tensor: TensorKind) -> None:
+            results.append(await work(tensor))
+
+        with plain_errors():  # callers catch KVShapeError, IOFailedError ... as themselves
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(one, "K")
+                tg.start_soon(one, "V")
+        return results
+
+    async def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write rows ``[0, t)`` of a layer's K and V (prefill); ``t`` = ``k.shape[0]``.
+
+        If it fails or is cancelled part-way, the layer is lost (:class:`LayerLostError` on
+        reads and appends) until a later write of it succeeds.
+
+        Raises:
+            KVShapeError: wrong layer, shape, dtype, or more rows than the config's max length.
+        """
+        self._check_layer(layer)
+        k = self.tensor_shape.normalize("k", k, None)
+        v = self.tensor_shape.normalize("v", v, k.shape[0])
+        rows = k.shape[0]
+        if not 0 < rows <= self.max_len:
+            raise KVShapeError(f"write of {rows} rows; a context holds 1..{self.max_len} rows")
+        span = RowRange(0, rows)
+        try:
+            await self._both(lambda t: self._store_rows(layer, t, span, k if t == "K" else v))
+        except BaseException:
+            # Some rows may hold new bytes and some old ones; never serve the mix.
+            self._lost.add(layer)
+            raise
+        self._lost.discard(layer)
+        self._lengths[layer] = rows
+
+    async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
+        """Append one row (a decode step's K and V); returns the layer's new length.
+
+        A failed or cancelled append leaves the layer as it was (the row owns its own blocks,
+        and the length only grows once both K and V landed).
+
+        Raises:
+            KVShapeError: wrong shape, or the context already holds ``max_len`` rows.
+            LayerLostError: an earlier write of the layer failed or was cancelled.
+        """
+        self._check_layer(layer)
+        self._check_intact(layer)
+        k_row = self.tensor_shape.normalize("k_row", k_row, 1)
+        v_row = self.tensor_shape.normalize("v_row", v_row, 1)
+        t = self._lengths[layer]
+        if t >= self.max_len:
+            raise KVShapeError(
+                f"layer {layer} already holds {self.max_len} rows (prompt + max new tokens)"
+            )
+        span = RowRange.row(t)
+        await self._both(
+            lambda kind: self._store_rows(layer, kind, span, k_row if kind == "K" else v_row)
+        )
+        self._lengths[layer] = t + 1
+        return t + 1
+
+    async def read(
+        self,
+        layer: int,
+        rows: tuple[int, int] | None = None,
+        *,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows ``[a, b)`` (default: all written rows) of a layer's K and V, on the device.
+
+        ``out``: tensors of ``[>= b - a, batch, width]`` on the store's device to read into
+        (their first ``b - a`` rows are filled and returned as views). A caller that reads every
+        step reuses its buffers this way; a fresh host tensor costs a page fault and a page of
+        zeroes per 4 KiB before the first byte is copied, which on the CPU path cost as much as
+        the copy itself.
+
+        Raises:
+            KVShapeError: rows outside what was written; ``out`` of the wrong shape, dtype or
+                device.
+            LayerLostError: an earlier write of the layer failed or was cancelled.
+        """
+        self._check_layer(layer)
+        self._check_intact(layer)
+        written = self._lengths[layer]
+        if rows is None:
+            start, stop = 0, written
+        elif (
+            isinstance(rows, tuple | list)
+            and len(rows) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in rows)
+        ):
+            start, stop = rows
+        else:
+            raise KVShapeError(f"rows must be a (start, stop) pair of ints, got {rows!r}")
+        if not 0 <= start < stop <= written:
+            raise KVShapeError(
+                f"rows [{start}, {stop}) of layer {layer} were never written "
+                f"(it holds rows [0, {written}))"
+            )
+        shape = (stop - start, self.batch, self.width)
+        device = self._runtime.device
+        if out is None:
+            k = torch.empty(shape, dtype=self.dtype, device=device)
+            v = torch.empty(shape, dtype=self.dtype, device=device)
+        else:
+            k, v = self.tensor_shape.out_views(out, shape[0], device)
+        span = RowRange(start, stop)
+        await self._both(lambda t: self._load_rows(layer, t, span, k if t == "K" else v))
+        return k, v
+
+    async def close(self) -> None:
+        """Deallocate the context's storage (TRIM its direct run, unlink its files)."""
+        if self._closed:
+            return
+        self._closed = True
+        reply: Reply[Any] = Reply()
+        with anyio.CancelScope(shield=True):
+            released = await self._runtime.binder.ask(ReleaseContext(self.id, reply), reply)
+        self.log.debug(
+            "context released", trimmed_blocks=released.trimmed_blocks, files=released.files
+        )

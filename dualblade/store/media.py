@@ -1,0 +1,105 @@
+"""From the plan's medium to the span that moves it: the one table.
+
+The plan names each layer's :class:`~dualblade.pipeline.Medium`; a context asks this table for
+the storage span of a KPU's rows and hands it to a copy thread. A new path is a new medium and a
+new row here, not a branch where bytes move (vLLM's offload worker keys its transfer handlers by
+medium the same way).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from dualblade.actors import DirectSpan, MmapSpan, PageCacheSpan, PathCounters, StorageSpan
+from dualblade.io_engine import IOEngine, PageCacheFile, Target
+from dualblade.pipeline import KpuId, LbaMap, Medium, RowRange, TensorLayout, plan_slice
+
+
+class ContextStorage(Protocol):
+    """What a context offers the span makers: its layouts and its claimed storage."""
+
+    @property
+    def engine(self) -> IOEngine: ...
+    @property
+    def direct_target(self) -> Target: ...
+    @property
+    def counters(self) -> PathCounters: ...
+    @property
+    def direct_layout(self) -> TensorLayout: ...
+    @property
+    def file_layout(self) -> TensorLayout: ...
+    async def direct_map(self) -> LbaMap: ...
+    async def file(self, kpu: KpuId) -> PageCacheFile: ...
+
+
+@dataclass(frozen=True)
+class PlacedSpan:
+    """A KPU's rows on their medium: the span that moves them and the layout they have there."""
+
+    span: StorageSpan
+    layout: TensorLayout
+
+
+SpanMaker = Callable[[ContextStorage, KpuId, RowRange], Awaitable[PlacedSpan]]
+
+
+def _label(kpu: KpuId, rows: RowRange) -> str:
+    return f"{kpu} rows {rows.start}-{rows.stop}"
+
+
+async def _direct(storage: ContextStorage, kpu: KpuId, rows: RowRange) -> PlacedSpan:
+    layout = storage.direct_layout
+    lba_map = await storage.direct_map()
+    max_chunk = storage.engine.max_chunk or layout.image_bytes
+    plan = plan_slice(lba_map.lookup(kpu), layout, rows, max_chunk)
+    first_offset, _, _ = plan.file_ranges()[0]
+    span = DirectSpan(
+        storage.engine,
+        storage.direct_target,
+        first_offset,
+        plan.buffer_bytes,
+        plan.image_offset,
+        _label(kpu, rows),
+        storage.counters,
+    )
+    return PlacedSpan(span, layout)
+
+
+def _through_page_cache(*, drop_after_use: bool) -> SpanMaker:
+    async def make(storage: ContextStorage, kpu: KpuId, rows: RowRange) -> PlacedSpan:
+        layout = storage.file_layout
+        file = await storage.file(kpu)
+        offset = rows.start * layout.row_stride
+        nbytes = len(rows) * layout.row_stride
+        span = PageCacheSpan(
+            storage.engine,
+            file,
+            offset,
+            nbytes,
+            offset,
+            _label(kpu, rows),
+            storage.counters,
+            evict=drop_after_use,
+        )
+        return PlacedSpan(span, layout)
+
+    return make
+
+
+async def _mmap(storage: ContextStorage, kpu: KpuId, rows: RowRange) -> PlacedSpan:
+    layout = storage.file_layout
+    file = await storage.file(kpu)
+    offset = rows.start * layout.row_stride
+    nbytes = len(rows) * layout.row_stride
+    span = MmapSpan(file, offset, nbytes, offset, _label(kpu, rows), storage.counters)
+    return PlacedSpan(span, layout)
+
+
+SPAN_MAKERS: dict[Medium, SpanMaker] = {
+    Medium.DIRECT: _direct,
+    Medium.PAGE_CACHE: _through_page_cache(drop_after_use=False),
+    Medium.PAGE_CACHE_DROPPED: _through_page_cache(drop_after_use=True),
+    Medium.MMAP: _mmap,
+}

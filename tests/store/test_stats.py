@@ -1,0 +1,67 @@
+"""stats(): the typed snapshot code above the store reads instead of the runtime."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from dualblade.errors import ConfigError
+from dualblade.io_engine import AlignedBuffer
+from dualblade.store import StoreStats, open_store
+
+from .conftest import random_kv
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_stats_follow_a_context_from_open_to_close(make_config) -> None:
+    config = make_config("dual")
+    async with open_store(config, device="cpu") as store:
+        before = store.stats()
+        assert isinstance(before, StoreStats)
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            before.open_contexts = 3  # type: ignore[misc]
+        assert (before.open_contexts, before.extents_held, before.files_held) == (0, 0, 0)
+        assert before.page_cache_placed_bytes == 0
+        assert before.direct_target == str(config.storage.direct.path)
+        assert before.buffers == config.copy_threads
+        assert before.buffers_open == config.copy_threads
+        async with store.context() as ctx:
+            k, v = random_kv(config, 16, seed=1)
+            for layer in range(ctx.num_layers):
+                await ctx.write(layer, k, v)
+            for layer in range(ctx.num_layers):
+                await ctx.read(layer)
+            during = store.stats()
+            page_cache_layers = len(ctx.plan.placement.page_cache)
+            assert during.open_contexts == 1
+            assert during.extents_held == 1
+            assert during.files_held == 2 * page_cache_layers
+            assert during.page_cache_placed_bytes == 2 * page_cache_layers * (
+                ctx.file_layout.image_bytes
+            )
+            assert during.page_cache_placed_bytes <= during.page_cache_budget_bytes
+            assert during.read_bytes["direct"] > 0
+            assert during.read_bytes["page-cache"] > 0
+            assert during.io_chunks > before.io_chunks
+        after_close = store.stats()
+        assert (after_close.extents_held, after_close.files_held) == (0, 0)
+        assert after_close.page_cache_placed_bytes == 0
+        assert after_close.trimmed_blocks > 0
+        assert store.metrics() == after_close.to_dict()
+    closed = store.stats()  # still readable: the soak checks buffers after the store closed
+    assert closed.buffers_open == 0
+    assert closed.buffers_in_flight == 0
+
+
+async def test_raw_direct_read_stays_inside_the_extent(make_config) -> None:
+    config = make_config("direct")
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=2)
+        await ctx.write(0, k, v)
+        extent = next(iter(await ctx.direct_map()))
+        with AlignedBuffer(extent.nbytes) as buffer:
+            await store.raw_direct_read(buffer, extent.nbytes, extent.byte_offset)
+            with pytest.raises(ConfigError, match="outside the store's direct extent"):
+                await store.raw_direct_read(buffer, 4096, 0 if extent.byte_offset else -4096)
