@@ -63,7 +63,6 @@ async def _pipeline_pass(ctx: KVContext, layers: int) -> None:
 
 
 async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]) -> None:
-    runtime = store.runtime
     lba_map = await ctx.direct_map()
     extents = list(lba_map)
     free = anyio.create_memory_object_stream[AlignedBuffer](len(buffers))
@@ -73,7 +72,7 @@ async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]
     async def one(offset: int, nbytes: int) -> None:
         buffer = await free[1].receive()
         try:
-            await runtime.engine.pread(runtime.direct, buffer, nbytes, offset)
+            await store.raw_direct_read(buffer, nbytes, offset)
         finally:
             free[0].send_nowait(buffer)
 
@@ -98,7 +97,8 @@ async def run_pipebench(
     pipeline: list[float] = []
     raw: list[float] = []
     async with open_store(direct_config, device=device) as store:
-        buffers = [AlignedBuffer(b.size) for b in store.runtime.buffers]
+        stats = store.stats()
+        buffers = [AlignedBuffer(stats.buffer_bytes) for _ in range(stats.buffers)]
         try:
             async with store.context() as ctx:
                 await _prefill(ctx, store)
@@ -116,7 +116,7 @@ async def run_pipebench(
                         rate = bytes_per_pass * passes / (time.perf_counter() - start)
                         (pipeline if side == "pipeline" else raw).append(rate)
                         progress(f"run {run + 1}/{runs} {side:8} {rate / 1e6:8.1f} MB/s")
-                strategy = store.runtime.gate.strategy
+                strategy = store.stats().strategy
         finally:
             for buffer in buffers:
                 buffer.close()

@@ -35,8 +35,7 @@ async def _sample_reads(store: Any, samples: list[tuple[float, int]]) -> None:
     import anyio
 
     while True:
-        snapshot = store.runtime.counters.snapshot()
-        samples.append((time.perf_counter(), sum(snapshot["read_bytes"].values())))
+        samples.append((time.perf_counter(), sum(store.stats().read_bytes.values())))
         await anyio.sleep(THROUGHPUT_INTERVAL)
 
 
@@ -124,13 +123,17 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     log = RequestLog()
     samples: list[tuple[float, int]] = []
     async with open_store(config, device=device) as store:
-        store.runtime.engine.observe_chunks(log)
+        store.observe_chunks(log)
         disk: dict[str, DiskSnapshot] = {}
         counters: dict[str, dict[str, Any]] = {}
 
         def on_phase(mark: str) -> None:
+            stats = store.stats()
             counters[mark] = {
-                **store.runtime.counters.snapshot(),
+                "read_bytes": dict(stats.read_bytes),
+                "write_bytes": dict(stats.write_bytes),
+                "cache_lookup_bytes": stats.cache_lookup_bytes,
+                "cache_hit_bytes": stats.cache_hit_bytes,
                 "storage_read_bytes": storage_read_bytes(),
             }
             if stat_file is not None:
