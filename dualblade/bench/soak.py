@@ -1,8 +1,8 @@
 r"""The soak: many concurrent contexts, random faults and cancellations, every byte checked.
 
 A store runs on a direct file (in a scratch folder it removes afterwards) wrapped in a
-:class:`~dualblade.io_engine.targets.faulty.FaultyTarget`, with page-cache files that are
-:class:`~dualblade.io_engine.targets.faulty.FaultyPageCacheFile`\ s, so faults hit both paths
+:class:`~dualblade.testing.FaultyTarget`, with page-cache files that are
+:class:`~dualblade.testing.FaultyPageCacheFile`\ s, so faults hit both paths
 (not the baseline's memory map, which bypasses the engine). ``contexts`` workers each open a
 context after another and drive it with random writes (prefills), appends (decode steps) and
 reads, some cancelled at a random moment, and compare every byte read with what the context
@@ -45,7 +45,14 @@ from dualblade.bench.process_stats import (
 )
 from dualblade.errors import ConfigError, DualbladeError
 from dualblade.io_engine import Target
-from dualblade.io_engine.targets.faulty import (
+from dualblade.pipeline import (
+    PipelineConfig,
+    config_from_mapping,
+    default_cache_dir,
+    layer_page_cache_bytes,
+)
+from dualblade.store import KVContext, KVStore, LayerLostError, open_store
+from dualblade.testing import (
     FaultKind,
     FaultLog,
     FaultPolicy,
@@ -54,13 +61,6 @@ from dualblade.io_engine.targets.faulty import (
     InjectedFault,
     InjectedIOError,
 )
-from dualblade.pipeline import (
-    PipelineConfig,
-    config_from_mapping,
-    default_cache_dir,
-    layer_page_cache_bytes,
-)
-from dualblade.store import KVContext, KVStore, LayerLostError, open_store
 
 #: A small GQA shape whose rows (3 × 4 × 64 bfloat16 = 1.5 KiB) are padded to 4 KiB blocks.
 SOAK_MODEL: dict[str, Any] = {

@@ -16,7 +16,7 @@ import anyio
 import pytest
 
 from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError, PageCacheFile
-from dualblade.io_engine.targets.faulty import (
+from dualblade.testing import (
     FaultKind,
     FaultLog,
     FaultPolicy,

@@ -24,8 +24,8 @@ from dualblade.actors import Reply
 from dualblade.actors.binder import Book, GetBook
 from dualblade.bench.process_stats import live_threads, memory_sample, open_fds
 from dualblade.io_engine import IOFailedError, Target
-from dualblade.io_engine.targets.faulty import FaultKind, FaultPolicy, FaultyTarget
 from dualblade.store import KVContext, KVStore, LayerLostError, open_store
+from dualblade.testing import FaultKind, FaultPolicy, FaultyTarget
 
 from .conftest import MakeConfig, random_kv
 
