@@ -9,8 +9,8 @@ from dualblade.bench.kv_workload import summarize as summarize
 from dualblade.bench.pipebench import run_pipebench as run_pipebench
 from dualblade.bench.plots import write_plots as write_plots
 from dualblade.bench.presets import get_bench_preset as get_bench_preset
-from dualblade.bench.soak import SoakOptions as SoakOptions
 from dualblade.bench.soak import run_soak as run_soak
+from dualblade.bench.soak_options import SoakOptions as SoakOptions
 from dualblade.bench.sweep import Sweep as Sweep
 from dualblade.bench.sweep import SweepPlan as SweepPlan
 from dualblade.bench.sweep import check_plan as check_plan
