@@ -30,7 +30,6 @@ from typing import Any
 
 import anyio
 
-from dualblade.actors import Book, GetBook, Reply
 from dualblade.bench.process_stats import (
     MemorySample,
     describe_fds,
@@ -44,15 +43,10 @@ from dualblade.bench.soak_report import soak_document
 from dualblade.bench.soak_worker import Soak
 from dualblade.io_engine import Target
 from dualblade.pipeline import default_cache_dir
-from dualblade.store import KVStore, open_store
+from dualblade.store import open_store
 from dualblade.testing import FaultLog, FaultPolicy, FaultyPageCacheFile, FaultyTarget
 
 Progress = Callable[[str], None]
-
-
-async def _book(store: KVStore) -> Book:
-    reply: Reply[Book] = Reply()
-    return await store.runtime.binder.ask(GetBook(reply), reply)
 
 
 async def run_soak(options: SoakOptions, progress: Progress | None = None) -> dict[str, Any]:
@@ -103,12 +97,12 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
             sampler.take()
             tg.cancel_scope.cancel()
         elapsed = time.monotonic() - start
-        book = await _book(store)
-        buffers = store.runtime.buffers
+        held = store.stats()  # what the contexts still hold, all of them closed
         injected = {kind.value: n for kind, n in log.counts().items()}
     leaked_fds = describe_fds(open_fds() - fds_before)
     leaked_threads = sorted(live_threads() - threads_before)
-    busy_buffers = sum(b.inflight for b in buffers) + sum(not b.closed for b in buffers)
+    closed = store.stats()  # the buffers as the store left them
+    busy_buffers = closed.buffers_in_flight + closed.buffers_open
     after = await settled_memory(pinned_before)
     return soak_document(
         options,
@@ -121,8 +115,8 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
             "fds": leaked_fds,
             "threads": leaked_threads,
             "buffers_busy_or_open": busy_buffers,
-            "extents_held": len(book.extents),
-            "files_held": sum(len(files) for files in book.files.values()),
+            "extents_held": held.extents_held,
+            "files_held": held.files_held,
             "locked_bytes_after": after.locked_bytes,
             "pinned_bytes_before": pinned_before,
             "pinned_bytes_after": after.pinned_bytes,

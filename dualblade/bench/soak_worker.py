@@ -55,6 +55,7 @@ class Soak:
         self.options = options
         self.deadline = deadline
         self.ledger = Ledger()
+        self.direct_target = store.stats().direct_target  # the name its faults are logged under
 
     def status(self, elapsed: float, rss_bytes: int) -> str:
         """One progress line: time, memory, and what the workers have done so far."""
@@ -87,8 +88,7 @@ class Soak:
             lba_map = await ctx.direct_map()
             size = lba_map.lba_size
             region = (lba_map.region.first_lba * size, lba_map.region.end * size)
-        direct_target = self.store.runtime.direct.name
-        state = _ContextState(ContextStorage(ctx.id, direct_target, region))
+        state = _ContextState(ContextStorage(ctx.id, self.direct_target, region))
         for _ in range(rng.randint(8, 40)):
             if time.monotonic() >= self.deadline:
                 break
