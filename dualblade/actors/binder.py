@@ -96,7 +96,7 @@ class BinderActor(Actor[BinderMessage]):
         n_blocks: blocks of the configured extent, or None for a file that grows to fit.
         page_cache_dir: folder of the page-cache files (one sub-folder per context).
         file_factory: makes a page-cache file from its path and size (fault injection swaps in
-            :class:`~dualblade.io_engine.targets.faulty.FaultyPageCacheFile`).
+            :class:`~dualblade.testing.FaultyPageCacheFile`).
     """
 
     def __init__(

@@ -15,6 +15,7 @@ from dualblade.io_engine.errors import IOEngineError as IOEngineError
 from dualblade.io_engine.errors import IOFailedError as IOFailedError
 from dualblade.io_engine.errors import IoUringUnavailableError as IoUringUnavailableError
 from dualblade.io_engine.errors import TargetError as TargetError
+from dualblade.io_engine.opcodes import Op as Op
 from dualblade.io_engine.probe import IoUringProbe as IoUringProbe
 from dualblade.io_engine.probe import probe as probe
 from dualblade.io_engine.ring import ChunkObserver as ChunkObserver

@@ -169,7 +169,7 @@ async def start_runtime(
     """Open targets and engine, start the actors, yield the runtime, then stop it all.
 
     ``wrap_direct`` replaces the opened direct target by a wrapper of it (the soak and the
-    fault tests wrap it in a :class:`~dualblade.io_engine.targets.faulty.FaultyTarget`);
+    fault tests wrap it in a :class:`~dualblade.testing.FaultyTarget`);
     ``page_cache_file`` makes the page-cache files (a ``FaultyPageCacheFile`` there).
 
     Raises:

@@ -12,9 +12,8 @@ store, with no test-only branch in any of them. Both record every fault into a
 from __future__ import annotations
 
 import os
-from typing import Any
 
-from dualblade.io_engine import PageCacheFile, Target, TargetError
+from dualblade.io_engine import Op, PageCacheFile, Target, TargetError
 from dualblade.testing._injector import Injector
 from dualblade.testing.faults import FaultKind, FaultLog, FaultPolicy, InjectedFault
 
@@ -91,11 +90,9 @@ class FaultyTarget(Target):
         return self.log.since(serial)
 
     # -- the ring's path -------------------------------------------------------------------------
-    # io_op and trim_op return the inner target's opcode; io_engine does not export the Op
-    # protocol they are typed with in Target, hence Any here.
     def io_op(
         self, write: bool, address: int, length: int, offset: int, buf_index: int | None
-    ) -> Any:
+    ) -> Op:
         return self.inner.io_op(write, address, length, offset, buf_index)
 
     def transferred(self, op: str, res: int, length: int, offset: int, extra: int) -> int:
@@ -110,7 +107,7 @@ class FaultyTarget(Target):
         return self._injector.on_call("write", view, offset, self.inner.pwrite_blocking)
 
     # -- passed through ---------------------------------------------------------------------
-    def trim_op(self, offset: int, length: int) -> Any:
+    def trim_op(self, offset: int, length: int) -> Op | None:
         return self.inner.trim_op(offset, length)
 
     def trim_blocking(self, offset: int, length: int) -> None:
