@@ -29,17 +29,6 @@ class Op(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Nop:
-    """No operation: completes at once; used by tests and to wake the ring."""
-
-    CODE: ClassVar[int] = _uapi.IORING_OP_NOP
-
-    def build(self, lib: LibUring, sqe: int, user_data: int) -> None:
-        lib.io_uring_prep_nop(sqe)
-        lib.io_uring_sqe_set_data64(sqe, user_data)
-
-
-@dataclass(frozen=True, slots=True)
 class Read:
     """``pread`` into plain memory."""
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from dualblade.io_engine import _liburing, _uapi, opcodes
 from dualblade.io_engine._request import IORequest, Kind
+from dualblade.io_engine._ring_setup import init_ring
 from dualblade.io_engine.buffers import AlignedBuffer
-from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
+from dualblade.io_engine.errors import IOEngineError
 from dualblade.logs import get_logger
 
 _log = get_logger(__name__)
@@ -40,14 +41,6 @@ _UD_WAKE = 1
 _UD_FIRST = 16
 
 _REAP_BATCH = 64
-
-
-def _io_uring_disabled_sysctl() -> int:
-    try:
-        with open("/proc/sys/kernel/io_uring_disabled") as f:
-            return int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        return 0
 
 
 class Ring:
@@ -103,38 +96,9 @@ class Ring:
 
     def _setup(self) -> None:
         """Create the ring on the ring thread: with SINGLE_ISSUER the creator is the submitter."""
-        base_flags = _uapi.IORING_SETUP_SQE128 | _uapi.IORING_SETUP_CQE32 if self.passthrough else 0
-        # Room for every chunk plus the wake-up read and one cancel per in-flight chunk.
-        entries = 1 << (2 * self.queue_depth + 2).bit_length()
-        # Completion work is run only when this thread waits (DEFER_TASKRUN, Linux 6.1+), in a
-        # batch, instead of interrupting it once per completion; that needs one submitter,
-        # which the ring thread is. Older kernels refuse the flags: retry without them.
-        rc = -errno.EINVAL
-        for extra in (_uapi.IORING_SETUP_SINGLE_ISSUER | _uapi.IORING_SETUP_DEFER_TASKRUN, 0):
-            params = _uapi.IoUringParams()
-            params.flags = base_flags | extra
-            rc = self.lib.io_uring_queue_init_params(entries, self._ring, ctypes.byref(params))
-            if rc != -errno.EINVAL:
-                break
-        if rc < 0:
-            raise IoUringUnavailableError(self._explain_setup_failure(-rc))
-        self.setup_flags = params.flags
-
-    @staticmethod
-    def _explain_setup_failure(code: int) -> str:
-        disabled = _io_uring_disabled_sysctl()
-        if disabled:
-            return (
-                f"io_uring is disabled by the sysctl kernel.io_uring_disabled={disabled} "
-                "(set it to 0, or use compat mode 'on')"
-            )
-        reasons = {
-            errno.ENOSYS: "the kernel has no io_uring (too old, or compiled out)",
-            errno.EPERM: "io_uring is blocked for this process (seccomp or container policy)",
-            errno.ENOMEM: "not enough locked memory for the ring (raise RLIMIT_MEMLOCK)",
-            errno.EINVAL: "the kernel rejected the ring flags (SQE128/CQE32 need Linux 5.19+)",
-        }
-        return f"io_uring_queue_init failed: {os.strerror(code)}; " + reasons.get(code, "see dmesg")
+        self.setup_flags = init_ring(
+            self.lib, self._ring, self.queue_depth, passthrough=self.passthrough
+        )
 
     # -- API used by other threads ---------------------------------------------------------------
     def submit(self, request: IORequest) -> None:
@@ -406,8 +370,3 @@ class Ring:
             self._eventfd = -1
         self._registered_buffers = []
         self._ring_mem = None  # type: ignore[assignment]
-
-
-def call_on_ring(ring: Ring, function: Callable[[], None]) -> None:
-    """Run ``function`` on the ring thread (tests use it to observe ring-thread state)."""
-    ring._post("call", function)
