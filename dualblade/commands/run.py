@@ -9,10 +9,7 @@ the locked overlap strategy.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import tomllib
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -38,15 +35,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def load_run_config(path: str | None, policy: str | None) -> Any:
     """The config to run: the file given, or the embedded default; ``policy`` overrides."""
-    from dualblade.pipeline import config_from_mapping, load_config
+    from dualblade.pipeline import config_from_mapping, load_config, load_default_config
 
-    if path is None:
-        text = resources.files("dualblade.pipeline").joinpath("default.toml").read_text()
-        config = config_from_mapping(
-            tomllib.loads(text), source="embedded default", env=dict(os.environ)
-        )
-    else:
-        config = load_config(path)
+    config = load_default_config() if path is None else load_config(path)
     if policy is not None:
         data = config.model_dump()
         data["policy"] = policy

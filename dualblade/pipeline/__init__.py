@@ -37,6 +37,7 @@ from dualblade.pipeline.config_loader import apply_env_overrides as apply_env_ov
 from dualblade.pipeline.config_loader import config_from_mapping as config_from_mapping
 from dualblade.pipeline.config_loader import config_json_schema as config_json_schema
 from dualblade.pipeline.config_loader import load_config as load_config
+from dualblade.pipeline.config_loader import load_default_config as load_default_config
 from dualblade.pipeline.errors import ExtentOverflowError as ExtentOverflowError
 from dualblade.pipeline.errors import MemoryDiscoveryError as MemoryDiscoveryError
 from dualblade.pipeline.errors import PlanError as PlanError

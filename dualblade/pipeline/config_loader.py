@@ -25,6 +25,7 @@ import tomllib
 import types
 import typing
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,20 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Pipel
     path = Path(path)
     data = _read_mapping(path)
     return config_from_mapping(data, source=str(path), env=env)
+
+
+def load_default_config(env: Mapping[str, str] | None = None) -> PipelineConfig:
+    """The embedded default config (``default.toml`` of this package: what ``dualblade run``
+    runs without a file), with environment overrides.
+
+    Args:
+        env: the environment to take ``DUALBLADE__*`` overrides from; ``os.environ`` when None.
+
+    Raises:
+        ConfigError: an override makes it invalid.
+    """
+    text = resources.files("dualblade.pipeline").joinpath("default.toml").read_text()
+    return config_from_mapping(tomllib.loads(text), source="embedded default", env=env)
 
 
 def config_from_mapping(

@@ -13,6 +13,7 @@ from dualblade.pipeline import (
     config_from_mapping,
     config_json_schema,
     load_config,
+    load_default_config,
 )
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -47,6 +48,12 @@ def test_default_config_is_small():
     total = shape.total_kv_bytes(workload.batch, workload.max_len)
     assert 10 << 20 <= total <= 400 << 20
     assert isinstance(config.storage.direct, FileTarget)
+
+
+def test_embedded_default_is_the_shipped_file_with_env_overrides():
+    assert load_default_config(env={}) == load_config(CONFIGS / "default.toml", env={})
+    overridden = load_default_config(env={"DUALBLADE__COPY_THREADS": "3"})
+    assert overridden.copy_threads == 3
 
 
 def test_defaults_and_cache_dir(monkeypatch, tmp_path):
