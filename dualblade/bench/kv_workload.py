@@ -20,7 +20,7 @@ import anyio
 import torch
 
 from dualblade.errors import DualbladeError, plain_errors
-from dualblade.store import KVContext, KVStore
+from dualblade.store import KVContext, KVStore, torch_dtype
 
 
 class VerificationError(DualbladeError):
@@ -64,9 +64,7 @@ async def run_kv_workload(
         limit = config.workload.max_new_tokens
         raise DualbladeError(f"{steps} decode steps exceed workload.max_new_tokens ({limit})")
     generator = torch.Generator().manual_seed(seed)
-    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[
-        shape.dtype
-    ]
+    dtype = torch_dtype(shape.dtype)
     device = store.device
     layers = shape.num_layers
 

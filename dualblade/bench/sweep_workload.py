@@ -27,12 +27,11 @@ import torch
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
 from dualblade.pipeline import PipelineConfig
-from dualblade.store import KVContext, KVStore
+from dualblade.store import KVContext, KVStore, torch_dtype
 
 Verify = Literal["sample", "full"]
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 #: Stride between the prompt rows checked in sample mode (prime: it walks across LBA boundaries).
 SAMPLE_STRIDE = 61
@@ -72,7 +71,7 @@ class DerivedKV:
 
     def __init__(self, prompt: int, batch: int, width: int, dtype: str, seed: int) -> None:
         self.prompt = prompt
-        self.dtype = _DTYPES[dtype]
+        self.dtype = torch_dtype(dtype)
         self.int_dtype = _INT_OF_SIZE[torch.empty((), dtype=self.dtype).element_size()]
         generator = torch.Generator().manual_seed(seed)
 
@@ -147,7 +146,7 @@ def read_buffers(
     faults, not KV movement."""
     shape = config.shape()
     size = (config.workload.max_len, config.workload.batch, shape.kv_width)
-    dtype = _DTYPES[shape.dtype]
+    dtype = torch_dtype(shape.dtype)
     return [
         (
             torch.zeros(size, dtype=dtype, device=device),  # zeros: the pages are touched now

@@ -32,10 +32,9 @@ from dualblade.errors import ConfigError, plain_errors
 from dualblade.models.architecture import POSITION_OFFSET, OptArchitecture
 from dualblade.models.kv import KVCache, KVProvider
 from dualblade.models.weights import LayerWeights, OptWeights
+from dualblade.store import torch_dtype
 
 T = TypeVar("T")
-
-_KV_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 @dataclass
@@ -70,7 +69,7 @@ class OptModel:
         self.arch: OptArchitecture = weights.arch
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
-        self.kv_dtype = _KV_DTYPES[self.arch.kv_dtype]
+        self.kv_dtype = torch_dtype(self.arch.kv_dtype)
         self.weights = weights.to(self.device, compute_dtype)
         self._layers = [self.weights.layer(i) for i in range(self.arch.num_layers)]
 
