@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Any, Literal, get_args
+from typing import Literal, cast, get_args
 
 import torch
 
@@ -19,15 +19,14 @@ from dualblade.models.checkpoint import load_checkpoint
 from dualblade.models.kv import KVProvider, MemoryKV
 from dualblade.models.opt import OptModel
 from dualblade.models.weights import random_weights
-from dualblade.pipeline import PipelineConfig, config_from_mapping
+from dualblade.pipeline import PipelineConfig, config_for_model
 from dualblade.pipeline import Policy as StorePolicy
+from dualblade.store import TORCH_DTYPES, open_store, torch_dtype
 
 #: The store's policies, and ``memory``: the KV cache in RAM, the reference.
 GeneratePolicy = Literal["dual", "direct", "page-cache", "cache-policy", "baseline", "memory"]
 POLICIES: tuple[str, ...] = get_args(GeneratePolicy)
 assert set(get_args(StorePolicy)) < set(POLICIES)
-
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
 def compute_dtype(name: str) -> torch.dtype:
@@ -36,12 +35,9 @@ def compute_dtype(name: str) -> torch.dtype:
     Raises:
         ConfigError: any other name.
     """
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise ConfigError(
-            f"compute dtype must be one of {', '.join(_DTYPES)}, got {name!r}"
-        ) from None
+    if name not in TORCH_DTYPES:
+        raise ConfigError(f"compute dtype must be one of {', '.join(TORCH_DTYPES)}, got {name!r}")
+    return torch_dtype(name)
 
 
 def build_model(
@@ -87,20 +83,16 @@ def store_config(
     """
     if policy not in POLICIES:
         raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
-    shape = arch.shape()
-    data: dict[str, Any] = base.model_dump()
-    data["model"] = {
-        "num_layers": shape.num_layers,
-        "hidden_size": shape.hidden_size,
-        "num_heads": shape.num_heads,
-        "num_kv_heads": shape.num_kv_heads,
-        "head_dim": shape.head_dim,
-        "dtype": shape.dtype,
-    }
-    data["workload"] = {"batch": batch, "prompt_len": prompt_len, "max_new_tokens": gen_len}
-    if policy != "memory":
-        data["policy"] = policy
-    return config_from_mapping(data, source=f"{arch.name} workload", env={})
+    store_policy = None if policy == "memory" else cast(StorePolicy, policy)
+    return config_for_model(
+        base,
+        arch.shape(),
+        batch=batch,
+        prompt_len=prompt_len,
+        max_new_tokens=gen_len,
+        policy=store_policy,
+        source=f"{arch.name} workload",
+    )
 
 
 @contextlib.asynccontextmanager
@@ -122,12 +114,10 @@ async def open_kv(
             batch=workload.batch,
             max_len=workload.max_len,
             width=shape.kv_width,
-            dtype=_DTYPES[shape.dtype],
+            dtype=torch_dtype(shape.dtype),
             device=device or "cpu",
         )
         return
-    from dualblade.store import open_store
-
     async with open_store(config, device=device, memory_limit=memory_limit) as store:
         yield store
 

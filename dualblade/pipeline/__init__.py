@@ -4,6 +4,7 @@ Planning code here is pure (no I/O but reading memory limits) and is unit-tested
 Public names are re-exported flat from here; the modules hold one idea each:
 
 - :mod:`.config`, :mod:`.config_loader`: ``PipelineConfig`` and reading it from TOML/YAML/env;
+- :mod:`.config_builder`: a config for a model shape and workload the caller knows;
 - :mod:`.sizes`: the size parser and the bytes / blocks / LBA types;
 - :mod:`.shapes`: model shapes, presets and KV byte arithmetic;
 - :mod:`.memory`, :mod:`.budget`: memory discovery and the page-cache budget ``B_pc``;
@@ -32,6 +33,7 @@ from dualblade.pipeline.config import Strategy as Strategy
 from dualblade.pipeline.config import TelemetrySection as TelemetrySection
 from dualblade.pipeline.config import WorkloadSection as WorkloadSection
 from dualblade.pipeline.config import default_cache_dir as default_cache_dir
+from dualblade.pipeline.config_builder import config_for_model as config_for_model
 from dualblade.pipeline.config_loader import ENV_PREFIX as ENV_PREFIX
 from dualblade.pipeline.config_loader import apply_env_overrides as apply_env_overrides
 from dualblade.pipeline.config_loader import config_from_mapping as config_from_mapping
