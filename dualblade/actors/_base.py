@@ -134,6 +134,9 @@ class Actor(ABC, Generic[M]):
             try:
                 async for message in self._inbox:
                     await self._dispatch(message)
+                    # Drop it while waiting for the next one: the last message must not keep
+                    # its tensors (a caller's read buffers) alive until then.
+                    del message
             finally:
                 self._refuse_leftovers()
                 with anyio.CancelScope(shield=True):
