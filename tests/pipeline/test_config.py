@@ -7,9 +7,11 @@ import pytest
 from dualblade.errors import ConfigError
 from dualblade.pipeline import (
     FileTarget,
+    ModelShape,
     NvmeTarget,
     PipelineConfig,
     apply_env_overrides,
+    config_for_model,
     config_from_mapping,
     config_json_schema,
     load_config,
@@ -54,6 +56,26 @@ def test_embedded_default_is_the_shipped_file_with_env_overrides():
     assert load_default_config(env={}) == load_config(CONFIGS / "default.toml", env={})
     overridden = load_default_config(env={"DUALBLADE__COPY_THREADS": "3"})
     assert overridden.copy_threads == 3
+
+
+def test_config_for_model_lays_shape_and_workload_over_the_base(monkeypatch):
+    monkeypatch.setenv("DUALBLADE__COPY_THREADS", "5")  # not applied: the caller's values run
+    shape = ModelShape("gqa", 2, 64, 4, 2, 16, "bfloat16")
+    base = config_from_mapping({**MINIMAL, "copy_threads": 3}, env={})
+    config = config_for_model(
+        base, shape, batch=2, prompt_len=5, max_new_tokens=3, policy="direct", source="t"
+    )
+    assert config.shape() == ModelShape("custom", 2, 64, 4, 2, 16, "bfloat16")
+    assert (config.workload.batch, config.workload.max_len) == (2, 8)
+    assert (config.copy_threads, config.policy) == (3, "direct")
+    from_mapping = config_for_model(
+        {"copy_threads": 3, "policy": "direct"}, shape, batch=2, prompt_len=5, max_new_tokens=3
+    )
+    assert from_mapping == config
+    with pytest.raises(ConfigError, match=r"^t is not a valid .*copy_threads"):
+        config_for_model(
+            {"copy_threads": 0}, shape, batch=1, prompt_len=1, max_new_tokens=0, source="t"
+        )
 
 
 def test_defaults_and_cache_dir(monkeypatch, tmp_path):
