@@ -25,8 +25,11 @@ from transformers import DynamicCache  # noqa: E402
 
 from dualblade.errors import ConfigError  # noqa: E402
 from dualblade.models.hf_cache import DualBladeCache, DualBladeCacheError  # noqa: E402
-from dualblade.pipeline import StorageSection, config_from_mapping  # noqa: E402
-from dualblade.pipeline.planner import layer_page_cache_bytes  # noqa: E402
+from dualblade.pipeline import (  # noqa: E402
+    StorageSection,
+    config_from_mapping,
+    layer_page_cache_bytes,
+)
 from dualblade.store import open_store_blocking  # noqa: E402
 
 POLICIES = ["dual", "direct", "page-cache", "cache-policy", "baseline"]
