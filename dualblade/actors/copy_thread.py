@@ -15,8 +15,7 @@ buffer. Storage transfers are done holding one slot of the shared
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import torch
@@ -24,6 +23,14 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
+from dualblade.actors.copy_messages import (
+    CopyMessage,
+    Load,
+    RowView,
+    StorageSpan,
+    Store,
+    TransferStats,
+)
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
 from dualblade.actors.strategy_probe import OverlapGate
 from dualblade.errors import DualbladeError, plain_errors
@@ -44,77 +51,6 @@ PIECE_BYTES = 4 << 20
 #: The DMA of a KPU's last piece trails its read by 1.4 ms at 64 MiB: nothing beside a disk
 #: read of the same piece (34 ms at 1.9 GB/s).
 CUDA_PIECE_BYTES = 64 << 20
-
-
-class StorageSpan(Protocol):
-    """Bytes ``[buffer_offset, buffer_offset + nbytes)`` of a copy thread's buffer on storage."""
-
-    label: str
-    path: str  # "direct", "page-cache" or "baseline", for accounting
-    buffer_offset: int
-    nbytes: int
-
-    async def read_into(self, buffer: AlignedBuffer) -> None:
-        """Fill the buffer's span from storage."""
-
-    async def write_from(self, buffer: AlignedBuffer) -> None:
-        """Write the buffer's span to storage."""
-
-    def piece(self, buffer_offset: int, nbytes: int) -> StorageSpan:
-        """The sub-span of ``nbytes`` starting at ``buffer_offset`` (inside this span)."""
-
-
-@dataclass(frozen=True)
-class RowView:
-    """Rows of a ``[rows, batch, width]`` tensor laid out in a buffer with a padded row stride."""
-
-    offset: int  # byte offset of the first row in the buffer
-    rows: int
-    row_bytes: int
-    row_stride: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]  # (rows, batch, width)
-
-    def tensor(self, buffer: AlignedBuffer) -> torch.Tensor:
-        """A tensor aliasing the rows in ``buffer`` (no copy; strided when rows are padded)."""
-        raw = buffer.tensor(torch.uint8, count=self.rows * self.row_stride, offset=self.offset)
-        rows = raw.view(self.rows, self.row_stride)[:, : self.row_bytes]
-        return rows.view(self.dtype).view(self.shape)
-
-
-@dataclass(frozen=True)
-class TransferStats:
-    """What one load or store did, for metrics, traces and Co-DMA evidence."""
-
-    nbytes: int
-    storage_s: float
-    dma_s: float
-    path: str
-    io_buffer_address: int  # the buffer storage DMA used
-    dma_host_address: int  # the host side of the GPU copy
-
-
-@dataclass(frozen=True)
-class Load:
-    """Storage -> pinned -> ``destination``."""
-
-    span: StorageSpan
-    view: RowView
-    destination: torch.Tensor
-    reply: Reply[TransferStats]
-
-
-@dataclass(frozen=True)
-class Store:
-    """``source`` -> pinned -> storage."""
-
-    source: torch.Tensor
-    view: RowView
-    span: StorageSpan
-    reply: Reply[TransferStats]
-
-
-CopyMessage = Load | Store
 
 
 class CopyThreadActor(Actor[CopyMessage]):
@@ -211,8 +147,12 @@ class CopyThreadActor(Actor[CopyMessage]):
             bytes=span.nbytes,
             path=span.path,
         ):
-            host = self._host_tensor(message)
-            if host is not None:
+            landing = self._landing(message)
+            if landing is not None:
+                assert isinstance(message, Load)
+                host: torch.Tensor | None = message.destination
+                storage_done = await self._land(*landing)
+            elif (host := self._host_tensor(message)) is not None:
                 storage_done = await self._host_transfer(message, host)
             elif isinstance(message, Load):
                 storage_done = await self._load(message)
@@ -241,6 +181,33 @@ class CopyThreadActor(Actor[CopyMessage]):
             self.direct_transfers += 1
             self.co_dma_transfers += stats.io_buffer_address == stats.dma_host_address
         message.reply.set(stats)
+
+    def _landing(self, message: CopyMessage) -> tuple[StorageSpan, AlignedBuffer] | None:
+        """The span moved into the caller's aligned memory, if a load can land there directly.
+
+        Only without CUDA (with a GPU the pinned buffer is the DMA's source: Co-DMA), only for
+        unpadded rows (the caller's tensor has no gaps between rows), and only where the
+        destination sits in the landing memory exactly where the span puts its rows.
+        """
+        if self.dma.cuda or not isinstance(message, Load) or message.landing is None:
+            return None
+        landing, view, span = message.landing, message.view, message.span
+        start = landing.offset + span.buffer_offset
+        if (
+            view.row_stride != view.row_bytes
+            or not message.destination.is_contiguous()
+            or message.destination.data_ptr() != landing.buffer.address + start
+            or start + span.nbytes > landing.buffer.size
+        ):
+            return None
+        return span.at(start), landing.buffer
+
+    async def _land(self, span: StorageSpan, memory: AlignedBuffer) -> float:
+        """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate."""
+        async with self.gate.limiter:
+            with self.tracer.span(self.name, f"land {span.label}", bytes=span.nbytes):
+                await span.read_into(memory)
+        return time.perf_counter()
 
     def _host_tensor(self, message: CopyMessage) -> torch.Tensor | None:
         """The host tensor a transfer can move straight to or from storage, or None.

@@ -134,6 +134,10 @@ class DirectSpan:
         """The part of this span at ``buffer_offset`` (same storage offset shift)."""
         return _piece(self, buffer_offset, nbytes)
 
+    def at(self, buffer_offset: int) -> DirectSpan:
+        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
+        return replace(self, buffer_offset=buffer_offset)
+
     async def read_into(self, buffer: AlignedBuffer) -> None:
         await self.engine.pread(
             self.target, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
@@ -164,6 +168,10 @@ class PageCacheSpan:
     def piece(self, buffer_offset: int, nbytes: int) -> PageCacheSpan:
         """The part of this span at ``buffer_offset`` (same storage offset shift)."""
         return _piece(self, buffer_offset, nbytes)
+
+    def at(self, buffer_offset: int) -> PageCacheSpan:
+        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
+        return replace(self, buffer_offset=buffer_offset)
 
     def _read_done(self) -> None:
         self.counters.add(self.path, read=self.nbytes)
@@ -250,6 +258,10 @@ class MmapSpan:
     def piece(self, buffer_offset: int, nbytes: int) -> MmapSpan:
         """The part of this span at ``buffer_offset`` (same storage offset shift)."""
         return _piece(self, buffer_offset, nbytes)
+
+    def at(self, buffer_offset: int) -> MmapSpan:
+        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
+        return replace(self, buffer_offset=buffer_offset)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         await anyio.to_thread.run_sync(self._copy, True, self._window(buffer))

@@ -1,0 +1,105 @@
+"""What a copy thread is asked to move: the storage span protocol, row views and messages.
+
+A :class:`Load` or :class:`Store` pairs the storage side (a :class:`StorageSpan`: direct extent,
+page-cache file, memory map — see :mod:`.spans`) with the rows of the caller's tensor
+(:class:`RowView`), and carries the :class:`~dualblade.actors.Reply` the requester awaits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from dualblade.actors._base import Reply
+from dualblade.io_engine import AlignedBuffer
+
+
+class StorageSpan(Protocol):
+    """Bytes ``[buffer_offset, buffer_offset + nbytes)`` of a copy thread's buffer on storage."""
+
+    label: str
+    path: str  # "direct", "page-cache" or "baseline", for accounting
+    buffer_offset: int
+    nbytes: int
+
+    async def read_into(self, buffer: AlignedBuffer) -> None:
+        """Fill the buffer's span from storage."""
+
+    async def write_from(self, buffer: AlignedBuffer) -> None:
+        """Write the buffer's span to storage."""
+
+    def piece(self, buffer_offset: int, nbytes: int) -> StorageSpan:
+        """The sub-span of ``nbytes`` starting at ``buffer_offset`` (inside this span)."""
+
+    def at(self, buffer_offset: int) -> StorageSpan:
+        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
+
+
+@dataclass(frozen=True)
+class RowView:
+    """Rows of a ``[rows, batch, width]`` tensor laid out in a buffer with a padded row stride."""
+
+    offset: int  # byte offset of the first row in the buffer
+    rows: int
+    row_bytes: int
+    row_stride: int
+    dtype: torch.dtype
+    shape: tuple[int, ...]  # (rows, batch, width)
+
+    def tensor(self, buffer: AlignedBuffer) -> torch.Tensor:
+        """A tensor aliasing the rows in ``buffer`` (no copy; strided when rows are padded)."""
+        raw = buffer.tensor(torch.uint8, count=self.rows * self.row_stride, offset=self.offset)
+        rows = raw.view(self.rows, self.row_stride)[:, : self.row_bytes]
+        return rows.view(self.dtype).view(self.shape)
+
+
+@dataclass(frozen=True)
+class TransferStats:
+    """What one load or store did, for metrics, traces and Co-DMA evidence."""
+
+    nbytes: int
+    storage_s: float
+    dma_s: float
+    path: str
+    io_buffer_address: int  # the buffer storage DMA used
+    dma_host_address: int  # the host side of the GPU copy
+
+
+@dataclass(frozen=True)
+class Landing:
+    """Aligned host memory holding a KPU's image from ``offset`` on (rows ``[a, b)`` at
+    ``offset + a × row_stride``): a caller's read buffer that storage can write into itself."""
+
+    buffer: AlignedBuffer
+    offset: int
+
+
+@dataclass(frozen=True)
+class Load:
+    """Storage -> pinned -> ``destination``.
+
+    ``landing``: where ``destination`` lies in aligned memory. On the host path storage then
+    writes the rows there directly, and the bytes cross host memory once instead of twice (no
+    pinned buffer, no copy out of it).
+    """
+
+    span: StorageSpan
+    view: RowView
+    destination: torch.Tensor
+    reply: Reply[TransferStats]
+    landing: Landing | None = None
+
+
+@dataclass(frozen=True)
+class Store:
+    """``source`` -> pinned -> storage."""
+
+    source: torch.Tensor
+    view: RowView
+    span: StorageSpan
+    reply: Reply[TransferStats]
+
+
+CopyMessage = Load | Store
