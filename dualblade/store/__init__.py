@@ -25,5 +25,6 @@ from dualblade.store.errors import KVShapeError as KVShapeError
 from dualblade.store.errors import LayerLostError as LayerLostError
 from dualblade.store.kv_store import KVStore as KVStore
 from dualblade.store.kv_store import open_store as open_store
+from dualblade.store.read_buffers import ReadBuffers as ReadBuffers
 from dualblade.store.stats import CoDmaStats as CoDmaStats
 from dualblade.store.stats import StoreStats as StoreStats

@@ -24,6 +24,7 @@ import torch
 from dualblade.actors import (
     ClaimExtent,
     ClaimFile,
+    Landing,
     Load,
     PathCounters,
     ReleaseContext,
@@ -33,7 +34,6 @@ from dualblade.actors import (
     TransferStats,
     count_residency,
 )
-from dualblade.errors import plain_errors
 from dualblade.io_engine import IOEngine, PageCacheFile, Target
 from dualblade.logs import get_logger
 from dualblade.pipeline import (
@@ -52,6 +52,7 @@ from dualblade.pipeline import (
 from dualblade.store.dtypes import torch_dtype
 from dualblade.store.errors import ContextClosedError, KVShapeError, LayerLostError
 from dualblade.store.media import SPAN_MAKERS, PlacedSpan
+from dualblade.store.read_buffers import ReadBuffers
 from dualblade.store.tensor_shape import KVTensorShape
 
 if TYPE_CHECKING:
@@ -186,52 +187,57 @@ class KVContext:
         return placed.span, view
 
     # -- transfers ----------------------------------------------------------------------------
-    async def _store_rows(
+    async def _store_message(
         self, layer: int, tensor: TensorKind, rows: RowRange, source: torch.Tensor
-    ) -> TransferStats:
+    ) -> Store:
         span, view = await self._placed(layer, tensor, rows)
-        reply: Reply[TransferStats] = Reply()
-        return await self._transfer(Store(source, view, span, reply), reply)
+        return Store(source, view, span, Reply())
 
-    async def _load_rows(
-        self, layer: int, tensor: TensorKind, rows: RowRange, destination: torch.Tensor
-    ) -> TransferStats:
+    async def _load_message(
+        self,
+        layer: int,
+        tensor: TensorKind,
+        rows: RowRange,
+        destination: torch.Tensor,
+        landing: Landing | None,
+    ) -> Load:
         span, view = await self._placed(layer, tensor, rows)
         count_residency(span)
-        reply: Reply[TransferStats] = Reply()
-        return await self._transfer(Load(span, view, destination, reply), reply)
-
-    async def _transfer(self, message: Load | Store, reply: Reply[TransferStats]) -> TransferStats:
-        """Hand a transfer to a copy thread and await it.
-
-        Once a copy thread has accepted the transfer it runs to its end, also when this caller
-        is cancelled; so a cancelled caller waits (shielded) for it to settle. Otherwise the
-        context could go on while its old transfer still writes: a cancelled append landing
-        over the next one, or — after :meth:`close` freed the run — over another context's
-        new data.
-        """
-        async with self._runtime.pool.lease() as thread:
-            await thread.send(message)
-            try:
-                return await reply.wait()
-            except BaseException:
-                with anyio.CancelScope(shield=True):
-                    await reply.settled()
-                raise
+        return Load(span, view, destination, Reply(), landing)
 
     async def _both(
-        self, work: Callable[[TensorKind], Awaitable[TransferStats]]
+        self, message_for: Callable[[TensorKind], Awaitable[Load | Store]]
     ) -> list[TransferStats]:
-        results: list[TransferStats] = []
+        """Hand K's and V's transfers to copy threads, then await both.
 
-        async def one(tensor: TensorKind) -> None:
-            results.append(await work(tensor))
+        Both are in flight together (on two threads when two are free), with no task of their
+        own. Once a copy thread has accepted a transfer it runs to its end, also when this
+        caller is cancelled; so a cancelled or failed caller waits (shielded) for every accepted
+        transfer to settle before it leaves. Otherwise the context could go on while its old
+        transfer still writes: a cancelled append landing over the next one, or — after
+        :meth:`close` freed the run — over another context's new data. The first error is
+        raised (K's before V's).
+        """
+        return await self._transfer_all([await message_for("K"), await message_for("V")])
 
-        with plain_errors():  # callers catch KVShapeError, IOFailedError ... as themselves
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(one, "K")
-                tg.start_soon(one, "V")
-        return results
+    async def _transfer_all(self, messages: list[Load | Store]) -> list[TransferStats]:
+        """Send ``messages`` to copy threads together and await them (see :meth:`_both`)."""
+        pool = self._runtime.pool
+        leases = await pool.acquire(len(messages))
+        accepted: list[Reply[TransferStats]] = []
+        try:
+            for message, index in zip(messages, leases, strict=True):
+                await pool.threads[index].send(message)
+                accepted.append(message.reply)
+            return [await reply.wait() for reply in accepted]
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                for reply in accepted:
+                    await reply.settled()
+            raise
+        finally:
+            for index in leases:
+                pool.release(index)
 
     async def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write rows ``[0, t)`` of a layer's K and V (prefill); ``t`` = ``k.shape[0]``.
@@ -250,7 +256,7 @@ class KVContext:
             raise KVShapeError(f"write of {rows} rows; a context holds 1..{self.max_len} rows")
         span = RowRange(0, rows)
         try:
-            await self._both(lambda t: self._store_rows(layer, t, span, k if t == "K" else v))
+            await self._both(lambda t: self._store_message(layer, t, span, k if t == "K" else v))
         except BaseException:
             # Some rows may hold new bytes and some old ones; never serve the mix.
             self._lost.add(layer)
@@ -279,25 +285,35 @@ class KVContext:
             )
         span = RowRange.row(t)
         await self._both(
-            lambda kind: self._store_rows(layer, kind, span, k_row if kind == "K" else v_row)
+            lambda kind: self._store_message(layer, kind, span, k_row if kind == "K" else v_row)
         )
         self._lengths[layer] = t + 1
         return t + 1
+
+    def read_buffers(self) -> ReadBuffers:
+        """Buffers for :meth:`read`'s ``out``, holding this context's longest layer.
+
+        On the host they are aligned memory that direct reads land in without a copy; on a GPU
+        plain device tensors. A caller that keeps ``store.read_parallelism`` reads in flight
+        needs as many.
+        """
+        return ReadBuffers(self.max_len, self.batch, self.width, self.dtype, self._runtime.device)
 
     async def read(
         self,
         layer: int,
         rows: tuple[int, int] | None = None,
         *,
-        out: tuple[torch.Tensor, torch.Tensor] | None = None,
+        out: ReadBuffers | tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows ``[a, b)`` (default: all written rows) of a layer's K and V, on the device.
 
-        ``out``: tensors of ``[>= b - a, batch, width]`` on the store's device to read into
-        (their first ``b - a`` rows are filled and returned as views). A caller that reads every
-        step reuses its buffers this way; a fresh host tensor costs a page fault and a page of
-        zeroes per 4 KiB before the first byte is copied, which on the CPU path cost as much as
-        the copy itself.
+        ``out``: :meth:`read_buffers`, or tensors of ``[>= b - a, batch, width]`` on the store's
+        device to read into (their first ``b - a`` rows are filled and returned as views). A
+        caller that reads every step reuses its buffers this way; a fresh host tensor costs a
+        page fault and a page of zeroes per 4 KiB before the first byte is copied, which on the
+        CPU path cost as much as the copy itself. With :meth:`read_buffers` on the host, reads
+        of rows ``[0, b)`` land in them straight from storage.
 
         Raises:
             KVShapeError: rows outside what was written; ``out`` of the wrong shape, dtype or
@@ -324,13 +340,21 @@ class KVContext:
             )
         shape = (stop - start, self.batch, self.width)
         device = self._runtime.device
+        landings: tuple[Landing | None, Landing | None] = (None, None)
         if out is None:
             k = torch.empty(shape, dtype=self.dtype, device=device)
             v = torch.empty(shape, dtype=self.dtype, device=device)
+        elif isinstance(out, ReadBuffers):
+            k, v = self.tensor_shape.out_views((out.k, out.v), shape[0], device)
+            landings = out.landings
         else:
             k, v = self.tensor_shape.out_views(out, shape[0], device)
         span = RowRange(start, stop)
-        await self._both(lambda t: self._load_rows(layer, t, span, k if t == "K" else v))
+        await self._both(
+            lambda t: self._load_message(
+                layer, t, span, *((k, landings[0]) if t == "K" else (v, landings[1]))
+            )
+        )
         return k, v
 
     async def close(self) -> None:

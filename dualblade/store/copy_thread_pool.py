@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
-
 import anyio
 
 from dualblade.actors import CopyThreadActor
@@ -25,17 +22,24 @@ class CopyThreadPool:
         self._busy = [0] * len(threads)
         self._changed = anyio.Event()
 
-    @contextlib.asynccontextmanager
-    async def lease(self) -> AsyncIterator[CopyThreadActor]:
-        while True:
-            index = min(range(len(self.threads)), key=self._busy.__getitem__)
-            if self._busy[index] < self.PER_THREAD:
-                break
+    async def acquire(self, count: int = 1) -> list[int]:
+        """Room for ``count`` transfers at once, each on the least busy thread then.
+
+        All or nothing: a caller that holds some and waits for more could wait forever on
+        callers that do the same (K's transfer leased, V's waiting, on every thread).
+        """
+        assert 0 < count <= self.PER_THREAD * len(self.threads)
+        while self.PER_THREAD * len(self.threads) - sum(self._busy) < count:
             await self._changed.wait()
-        self._busy[index] += 1
-        try:
-            yield self.threads[index]
-        finally:
-            self._busy[index] -= 1
-            self._changed.set()
-            self._changed = anyio.Event()
+        chosen = []
+        for _ in range(count):
+            index = min(range(len(self.threads)), key=self._busy.__getitem__)
+            self._busy[index] += 1
+            chosen.append(index)
+        return chosen
+
+    def release(self, index: int) -> None:
+        """The transfer on thread ``index`` has settled."""
+        self._busy[index] -= 1
+        self._changed.set()
+        self._changed = anyio.Event()

@@ -52,8 +52,9 @@ def _label(kpu: KpuId, rows: RowRange) -> str:
 async def _direct(storage: ContextStorage, kpu: KpuId, rows: RowRange) -> PlacedSpan:
     layout = storage.direct_layout
     lba_map = await storage.direct_map()
-    max_chunk = storage.engine.max_chunk or layout.image_bytes
-    plan = plan_slice(lba_map.lookup(kpu), layout, rows, max_chunk)
+    # One chunk: the span needs only where the slice starts and how long it is; the engine cuts
+    # it into the target's commands (Algorithm 2's chunking at max_chunk happens there).
+    plan = plan_slice(lba_map.lookup(kpu), layout, rows, layout.image_bytes)
     first_offset, _, _ = plan.file_ranges()[0]
     span = DirectSpan(
         storage.engine,

@@ -31,7 +31,10 @@ async def test_host_transfers_skip_the_pinned_buffer_and_keep_every_byte(
             got_k, got_v = await ctx.read(layer)
             assert torch.equal(got_k, k)
             assert torch.equal(got_v, v)
-        stats = await ctx._load_rows(0, "K", RowRange(0, 301), torch.empty_like(expected[0][0]))
+        load = await ctx._load_message(
+            0, "K", RowRange(0, 301), torch.empty_like(expected[0][0]), None
+        )
+        (stats,) = await ctx._transfer_all([load])
         metrics = store.metrics()
     # The storage side wrote straight into the destination: no staging in the pinned buffer,
     # no host copy out of it.

@@ -1,0 +1,89 @@
+"""Reusable read buffers a context hands out, so that a read can land where the caller reads.
+
+A decode step reads every layer back; a caller that reads into the same tensors every step
+(``ctx.read(layer, out=...)``) saves a fresh allocation and its page faults per read. Buffers
+made by the store go one step further on the host path: they are page-aligned (2 MiB-aligned
+where transparent huge pages are on) and laid out like a KPU's image, so O_DIRECT and NVMe reads
+land in them directly, and a direct KV byte crosses host memory once — no pinned buffer, no
+copy out of it. On a GPU they are device tensors, and the copy threads' pinned buffers do the
+Co-DMA as before.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dualblade.actors import Landing
+from dualblade.io_engine import PAGE_SIZE, AlignedBuffer
+
+
+class ReadBuffers:
+    """One layer's K and V read buffers: ``k`` and ``v`` are ``[max_len, batch, width]``.
+
+    Make them with ``ctx.read_buffers()``; pass them as ``ctx.read(layer, out=buffers)``, which
+    returns views of their first rows. Close them (or use ``with``) when done; on the host K and
+    V share one aligned mapping, which stays mapped while any view of it is alive.
+    """
+
+    def __init__(
+        self,
+        rows: int,
+        batch: int,
+        width: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ) -> None:
+        self._shape = (rows, batch, width)
+        self._dtype = dtype
+        self._memory: AlignedBuffer | None = None
+        self._landings: tuple[Landing | None, Landing | None] = (None, None)
+        if device.type == "cpu":
+            nbytes = rows * batch * width * torch.empty((), dtype=dtype).element_size()
+            # V's image starts on a fresh page, as aligned as K's (O_DIRECT needs the LBA size).
+            v_offset = -(-nbytes // PAGE_SIZE) * PAGE_SIZE
+            self._memory = AlignedBuffer(v_offset + nbytes)
+            self._landings = (Landing(self._memory, 0), Landing(self._memory, v_offset))
+            self.k, self.v = self._views()
+        else:
+            self.k = torch.empty(self._shape, dtype=dtype, device=device)
+            self.v = torch.empty(self._shape, dtype=dtype, device=device)
+
+    def _views(self) -> tuple[torch.Tensor, torch.Tensor]:
+        memory, (k, v) = self._memory, self._landings
+        assert memory is not None
+        assert k is not None
+        assert v is not None
+        count = self._shape[0] * self._shape[1] * self._shape[2]
+        return (
+            memory.tensor(self._dtype, count=count, offset=k.offset).view(self._shape),
+            memory.tensor(self._dtype, count=count, offset=v.offset).view(self._shape),
+        )
+
+    @property
+    def landings(self) -> tuple[Landing | None, Landing | None]:
+        """Where ``k`` and ``v`` lie in aligned memory (None on a GPU)."""
+        return self._landings
+
+    def close(self) -> None:
+        """Release the memory (idempotent).
+
+        Raises:
+            BufferError: a view of ``k`` or ``v`` is still alive elsewhere; nothing is released
+                and the buffers stay usable.
+        """
+        if self._memory is None:
+            return
+        del self.k, self.v
+        try:
+            self._memory.close()
+        except BufferError:
+            self.k, self.v = self._views()
+            raise
+        self._memory = None
+        self._landings = (None, None)
+
+    def __enter__(self) -> ReadBuffers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
