@@ -1,37 +1,44 @@
 """``dualblade pipebench``: what the actor pipeline costs over the raw engine, on the same bytes.
 
 A pure-direct decode-read workload: one context's KV cache is written once, then each run reads
-every layer's K and V ``passes`` times — through the pipeline (``ctx.read``: copy-thread actors,
-the overlap gate, the GPU-DMA actor's copy into a fresh tensor) and through the raw engine
-(``pread`` of the very same extents into as many pinned buffers as there are copy threads, with
-the same concurrency). Runs alternate so drift hits both; the ratio is of medians.
+every layer's K and V ``passes`` times — through the pipeline (``ctx.read`` into the context's
+read buffers, as a decoder reads: copy-thread actors, the overlap gate, the GPU-DMA actor) and
+through the raw engine (``pread`` of the very same extents into as many aligned buffers as there
+are copy threads: the pipeline's overlap gate lets as many KPUs at a time reach storage). The
+pipeline keeps as many layers' reads in flight as there are copy threads, each into its own read
+buffers, so a KPU is always waiting when a storage slot frees. Runs alternate so drift hits both;
+the ratio is of medians. Each run also reports the process's CPU seconds (all threads) per GB
+moved: what a GB of decode reads costs, apart from how fast the target is.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import anyio
 import torch
 
-from dualblade.io_engine import AlignedBuffer
+from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer
 from dualblade.pipeline import PipelineConfig
-from dualblade.store import KVContext, KVStore, open_store
+from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
 
 @dataclass(frozen=True)
 class PipeBenchResult:
-    """Throughputs of both sides, per run, in bytes per second."""
+    """Throughputs (bytes per second) and CPU costs (seconds per GB) of both sides, per run."""
 
     pipeline: list[float]
     raw: list[float]
+    pipeline_cpu_s_per_gb: list[float]
+    raw_cpu_s_per_gb: list[float]
     bytes_per_pass: int
     passes: int
     strategy: str
+    target: str
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -40,9 +47,12 @@ class PipeBenchResult:
             "pipeline_median_bytes_per_s": round(statistics.median(self.pipeline)),
             "raw_median_bytes_per_s": round(statistics.median(self.raw)),
             "ratio": round(statistics.median(self.pipeline) / statistics.median(self.raw), 3),
+            "pipeline_cpu_s_per_gb": round(statistics.median(self.pipeline_cpu_s_per_gb), 4),
+            "raw_cpu_s_per_gb": round(statistics.median(self.raw_cpu_s_per_gb), 4),
             "bytes_per_pass": self.bytes_per_pass,
             "passes": self.passes,
             "strategy": self.strategy,
+            "target": self.target,
         }
 
 
@@ -56,29 +66,81 @@ async def _prefill(ctx: KVContext, store: KVStore) -> None:
         await ctx.write(layer, k, v)
 
 
-async def _pipeline_pass(ctx: KVContext, layers: int) -> None:
-    async with anyio.create_task_group() as tg:
-        for layer in range(layers):
-            tg.start_soon(ctx.read, layer)
+async def _pipeline_pass(ctx: KVContext, layers: int, pool: list[ReadBuffers]) -> None:
+    """Every layer once, as many layers in flight as there are read buffers."""
+    give, take = anyio.create_memory_object_stream[ReadBuffers](len(pool))
+    for buffers in pool:
+        give.send_nowait(buffers)
+
+    async def one(layer: int) -> None:
+        buffers = await take.receive()
+        try:
+            await ctx.read(layer, out=buffers)
+        finally:
+            give.send_nowait(buffers)
+
+    with give, take:
+        async with anyio.create_task_group() as tg:
+            for layer in range(layers):
+                tg.start_soon(one, layer)
 
 
 async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]) -> None:
-    lba_map = await ctx.direct_map()
-    extents = list(lba_map)
-    free = anyio.create_memory_object_stream[AlignedBuffer](len(buffers))
+    """Every extent once through the engine, one read per buffer at a time."""
+    extents = list(await ctx.direct_map())
+    give, take = anyio.create_memory_object_stream[AlignedBuffer](len(buffers))
     for buffer in buffers:
-        free[0].send_nowait(buffer)
+        give.send_nowait(buffer)
 
     async def one(offset: int, nbytes: int) -> None:
-        buffer = await free[1].receive()
+        buffer = await take.receive()
         try:
             await store.raw_direct_read(buffer, nbytes, offset)
         finally:
-            free[0].send_nowait(buffer)
+            give.send_nowait(buffer)
 
-    async with anyio.create_task_group() as tg:
-        for extent in extents:
-            tg.start_soon(one, extent.byte_offset, extent.nbytes)
+    with give, take:
+        async with anyio.create_task_group() as tg:
+            for extent in extents:
+                tg.start_soon(one, extent.byte_offset, extent.nbytes)
+
+
+async def _alternate(
+    sides: dict[str, Callable[[], Awaitable[None]]],
+    runs: int,
+    passes: int,
+    bytes_per_pass: int,
+    progress: Callable[[str], None],
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Each side ``passes`` times per run, in an order that alternates from run to run: bytes
+    per second and CPU seconds per GB, per side and run."""
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    cpu: dict[str, list[float]] = {side: [] for side in sides}
+    names = list(sides)
+    for run in range(runs):
+        for side in names if run % 2 == 0 else names[::-1]:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            for _ in range(passes):
+                await sides[side]()
+            seconds = time.perf_counter() - start
+            moved = bytes_per_pass * passes
+            rates[side].append(moved / seconds)
+            cpu[side].append((time.process_time() - cpu_start) / (moved / 1e9))
+            progress(
+                f"run {run + 1}/{runs} {side:8} {moved / seconds / 1e6:8.1f} MB/s "
+                f"{cpu[side][-1]:.3f} CPU s/GB"
+            )
+    return rates, cpu
+
+
+def direct_only(config: PipelineConfig, target: str | None = None) -> PipelineConfig:
+    """``config`` with every layer on the direct path, optionally on another file target."""
+    data = config.model_dump()
+    data["policy"] = "direct"
+    if target is not None:
+        # a file target moves O_DIRECT-aligned blocks whatever the config's device had
+        data["storage"]["direct"].update(kind="file", path=target, lba_size=DIRECT_FILE_ALIGNMENT)
+    return PipelineConfig.model_validate(data)
 
 
 async def run_pipebench(
@@ -87,37 +149,37 @@ async def run_pipebench(
     runs: int,
     passes: int,
     device: str = "cpu",
+    target: str | None = None,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> PipeBenchResult:
-    """Measure; the config's policy is forced to ``direct``."""
-    data = config.model_dump()
-    data["policy"] = "direct"
-    direct_config = PipelineConfig.model_validate(data)
+    """Measure; the config's policy is forced to ``direct`` (on ``target`` when given)."""
+    direct_config = direct_only(config, target)
     layers = direct_config.shape().num_layers
-    pipeline: list[float] = []
-    raw: list[float] = []
-    async with open_store(direct_config, device=device) as store:
-        stats = store.stats()
-        buffers = [AlignedBuffer(stats.buffer_bytes) for _ in range(stats.buffers)]
+    threads = direct_config.copy_threads
+    async with open_store(direct_config, device=device) as store, store.context() as ctx:
+        await _prefill(ctx, store)
+        bytes_per_pass = sum(extent.nbytes for extent in await ctx.direct_map())
+        pipeline = [ctx.read_buffers() for _ in range(threads)]
+        raw = [AlignedBuffer(store.stats().buffer_bytes) for _ in range(threads)]
         try:
-            async with store.context() as ctx:
-                await _prefill(ctx, store)
-                lba_map = await ctx.direct_map()
-                bytes_per_pass = sum(extent.nbytes for extent in lba_map)
-                for run in range(runs):
-                    order = ["pipeline", "raw"] if run % 2 == 0 else ["raw", "pipeline"]
-                    for side in order:
-                        start = time.perf_counter()
-                        for _ in range(passes):
-                            if side == "pipeline":
-                                await _pipeline_pass(ctx, layers)
-                            else:
-                                await _raw_pass(store, ctx, buffers)
-                        rate = bytes_per_pass * passes / (time.perf_counter() - start)
-                        (pipeline if side == "pipeline" else raw).append(rate)
-                        progress(f"run {run + 1}/{runs} {side:8} {rate / 1e6:8.1f} MB/s")
-                strategy = store.stats().strategy
+            sides: dict[str, Callable[[], Awaitable[None]]] = {
+                "pipeline": lambda: _pipeline_pass(ctx, layers, pipeline),
+                "raw": lambda: _raw_pass(store, ctx, raw),
+            }
+            rates, cpu = await _alternate(sides, runs, passes, bytes_per_pass, progress)
         finally:
-            for buffer in buffers:
+            for buffers in pipeline:
+                buffers.close()
+            for buffer in raw:
                 buffer.close()
-    return PipeBenchResult(pipeline, raw, bytes_per_pass, passes, strategy)
+        strategy = store.stats().strategy
+    return PipeBenchResult(
+        rates["pipeline"],
+        rates["raw"],
+        cpu["pipeline"],
+        cpu["raw"],
+        bytes_per_pass,
+        passes,
+        strategy,
+        str(direct_config.storage.direct.path),
+    )

@@ -20,6 +20,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--runs", type=int, default=5, help="runs per side (default 5)")
     parser.add_argument("--passes", type=int, default=8, help="reads of the whole cache per run")
     parser.add_argument("--device", default="cpu", help="where reads land (cpu, cuda)")
+    parser.add_argument(
+        "--target",
+        help="a file to use as the direct target instead of the config's (e.g. one in /dev/shm, "
+        "to see what the pipeline costs rather than what the disk allows)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
@@ -37,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
             runs=args.runs,
             passes=args.passes,
             device=args.device,
+            target=args.target,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
     )
@@ -47,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"pipeline {document['pipeline_median_bytes_per_s'] / 1e6:.1f} MB/s, raw engine "
             f"{document['raw_median_bytes_per_s'] / 1e6:.1f} MB/s (medians of {args.runs}); "
-            f"ratio {document['ratio']}"
+            f"ratio {document['ratio']}; CPU s/GB: pipeline "
+            f"{document['pipeline_cpu_s_per_gb']}, raw {document['raw_cpu_s_per_gb']}"
         )
     return 0

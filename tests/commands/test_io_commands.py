@@ -75,3 +75,41 @@ def test_iobench_bad_arguments(
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_pipebench_on_a_given_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "small.toml"
+    config.write_text(
+        f"""
+policy = "dual"
+copy_threads = 2
+[model]
+num_layers = 3
+hidden_size = 512
+num_heads = 8
+dtype = "float16"
+[workload]
+batch = 4
+prompt_len = 24
+max_new_tokens = 2
+[memory]
+page_cache_budget = "1MiB"
+[storage]
+page_cache_dir = "{tmp_path}/pc"
+[storage.direct]
+kind = "block"
+path = "/dev/does-not-exist"
+extent_size = "64MiB"
+lba_size = 512
+"""
+    )
+    target = tmp_path / "fast.kv"
+    args = ["pipebench", str(config), "--target", str(target), "--runs", "2", "--passes", "2"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["target"] == str(target)  # the config's block device was never opened
+    assert report["bytes_per_pass"] == 3 * 2 * 26 * 4 * 512 * 2  # every layer's K and V
+    assert len(report["pipeline_bytes_per_s"]) == len(report["raw_bytes_per_s"]) == 2
+    assert report["pipeline_cpu_s_per_gb"] > 0
+    assert report["raw_cpu_s_per_gb"] > 0
+    assert report["ratio"] > 0
