@@ -48,9 +48,17 @@ class RowView:
     dtype: torch.dtype
     shape: tuple[int, ...]  # (rows, batch, width)
 
-    def tensor(self, buffer: AlignedBuffer) -> torch.Tensor:
-        """A tensor aliasing the rows in ``buffer`` (no copy; strided when rows are padded)."""
-        raw = buffer.tensor(torch.uint8, count=self.rows * self.row_stride, offset=self.offset)
+    def tensor(self, buffer: AlignedBuffer | torch.Tensor) -> torch.Tensor:
+        """A tensor aliasing the rows in ``buffer`` (no copy; strided when rows are padded).
+
+        ``buffer`` may be the buffer's whole byte tensor, made once: slicing it costs a few
+        microseconds, aliasing the buffer anew (``torch.frombuffer``) tens of them.
+        """
+        nbytes = self.rows * self.row_stride
+        if isinstance(buffer, torch.Tensor):
+            raw = buffer[self.offset : self.offset + nbytes]
+        else:
+            raw = buffer.tensor(torch.uint8, count=nbytes, offset=self.offset)
         rows = raw.view(self.rows, self.row_stride)[:, : self.row_bytes]
         return rows.view(self.dtype).view(self.shape)
 

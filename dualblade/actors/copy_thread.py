@@ -76,6 +76,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         super().__init__(f"copy-thread-{index}", tracer=tracer)
         self.index = index
         self.buffer = buffer
+        # The whole buffer as bytes, sliced per piece; made on start, dropped on stop (while it
+        # lives the buffer cannot be unmapped).
+        self._buffer_bytes: torch.Tensor | None = None
         self.dma = dma
         self.gate = gate
         self.bytes_loaded = 0
@@ -87,6 +90,14 @@ class CopyThreadActor(Actor[CopyMessage]):
         # Two transfers at a time: the tail of one overlaps the head of the next.
         self._slots = anyio.Semaphore(2)
         self._task_group: TaskGroup | None = None
+
+    def _bytes(self) -> torch.Tensor:
+        if self._buffer_bytes is None:
+            self._buffer_bytes = self.buffer.tensor()
+        return self._buffer_bytes
+
+    async def on_stop(self) -> None:
+        self._buffer_bytes = None
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
@@ -167,7 +178,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             io_address = dma_address = host.data_ptr()
         else:
             io_address = self.buffer.address + span.buffer_offset
-            dma_address = message.view.tensor(self.buffer).data_ptr()
+            dma_address = self.buffer.address + message.view.offset
         stats = TransferStats(
             nbytes=span.nbytes,
             storage_s=storage_done - start,
@@ -244,15 +255,26 @@ class CopyThreadActor(Actor[CopyMessage]):
         """Storage -> pinned -> device, piece by piece: a piece's DMA overlaps later reads.
 
         The storage slot of the overlap gate is held until the last piece has been read, so
-        Overlap-Cross still lets only one thread read at a time while DMAs trail behind.
-        Returns when the last read finished.
+        Overlap-Cross still lets only one thread read at a time while DMAs trail behind. The
+        first piece's room in the buffer is taken before the slot: a transfer queued behind
+        another on this thread's one buffer must not hold a slot while it waits for the room,
+        or it keeps a thread that has room from reading (two copy threads ran one read at a
+        time, half the raw engine's speed to CUDA). Returns when the last read finished.
         """
         pieces = self._pieces(message.span, message.view)
         token = object()
         limiter = self.gate.limiter
-        await limiter.acquire_on_behalf_of(token)
+        first_span = pieces[0][0]
+        first_region = (first_span.buffer_offset, first_span.buffer_offset + first_span.nbytes)
+        await self._ranges.acquire(*first_region)
+        try:
+            await limiter.acquire_on_behalf_of(token)
+        except BaseException:
+            self._ranges.release(*first_region)
+            raise
         reads_left = len(pieces)
         storage_done = time.perf_counter()
+        first_room_handed_over = False
 
         def read_finished() -> None:
             nonlocal reads_left, storage_done
@@ -261,10 +283,13 @@ class CopyThreadActor(Actor[CopyMessage]):
                 limiter.release_on_behalf_of(token)
                 storage_done = time.perf_counter()
 
-        async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice) -> None:
+        async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice, held: bool) -> None:
+            nonlocal first_room_handed_over
+            first_room_handed_over |= held  # before any await: from here on the piece frees it
             region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
             try:
-                await self._ranges.acquire(*region)
+                if not held:
+                    await self._ranges.acquire(*region)
             except BaseException:
                 read_finished()
                 raise
@@ -277,7 +302,7 @@ class CopyThreadActor(Actor[CopyMessage]):
                 finally:
                     read_finished()
                 await self._dma(
-                    sub_view.tensor(self.buffer), message.destination[rows], "h2d", sub_span.label
+                    sub_view.tensor(self._bytes()), message.destination[rows], "h2d", sub_span.label
                 )
             finally:
                 self._ranges.release(*region)
@@ -285,9 +310,11 @@ class CopyThreadActor(Actor[CopyMessage]):
         try:
             with plain_errors():  # a piece's DualbladeError must reach _transfer as itself
                 async with anyio.create_task_group() as tg:
-                    for sub_span, sub_view, rows in pieces:
-                        tg.start_soon(piece, sub_span, sub_view, rows)
+                    for index, (sub_span, sub_view, rows) in enumerate(pieces):
+                        tg.start_soon(piece, sub_span, sub_view, rows, index == 0)
         finally:
+            if not first_room_handed_over:  # the first piece never ran: its room is ours
+                self._ranges.release(*first_region)
             if reads_left > 0:  # a piece never started: do not leak the storage slot
                 limiter.release_on_behalf_of(token)
         return storage_done
@@ -303,7 +330,7 @@ class CopyThreadActor(Actor[CopyMessage]):
                     try:
                         await self._dma(
                             message.source[rows],
-                            sub_view.tensor(self.buffer),
+                            sub_view.tensor(self._bytes()),
                             "d2h",
                             sub_span.label,
                         )

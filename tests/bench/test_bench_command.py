@@ -45,9 +45,7 @@ def test_flexgen_may_come_first_in_the_policies(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # flexgen is no pipeline policy: the sweep's shape must not be read from a config with it.
-    monkeypatch.setattr(
-        "dualblade.bench.can_create_memory_cgroups", lambda: "stop here (test)"
-    )
+    monkeypatch.setattr("dualblade.bench.can_create_memory_cgroups", lambda: "stop here (test)")
     assert main(["bench", "--policies", "flexgen,dual", "--memory-limits", "1GiB"]) != 0
     err = capsys.readouterr().err
     assert "stop here (test)" in err
