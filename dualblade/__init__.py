@@ -29,12 +29,14 @@ _EXPORTS: dict[str, str] = {
     "KVStore": "dualblade.store",
     "KVContext": "dualblade.store",
     "StoreStats": "dualblade.store",
+    "ReadBuffers": "dualblade.store",
     "BlockingStore": "dualblade.store",
     "BlockingContext": "dualblade.store",
     "KVShapeError": "dualblade.store",
     "ContextClosedError": "dualblade.store",
     "LayerLostError": "dualblade.store",
     "load_config": "dualblade.pipeline",
+    "load_default_config": "dualblade.pipeline",
     "PipelineConfig": "dualblade.pipeline",
     "Medium": "dualblade.pipeline",
     "PlanError": "dualblade.pipeline",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from dualblade.pipeline import PipelineConfig as PipelineConfig
     from dualblade.pipeline import PlanError as PlanError
     from dualblade.pipeline import load_config as load_config
+    from dualblade.pipeline import load_default_config as load_default_config
     from dualblade.store import BlockingContext as BlockingContext
     from dualblade.store import BlockingStore as BlockingStore
     from dualblade.store import ContextClosedError as ContextClosedError
@@ -72,6 +75,7 @@ if TYPE_CHECKING:
     from dualblade.store import KVShapeError as KVShapeError
     from dualblade.store import KVStore as KVStore
     from dualblade.store import LayerLostError as LayerLostError
+    from dualblade.store import ReadBuffers as ReadBuffers
     from dualblade.store import StoreStats as StoreStats
     from dualblade.store import open_store as open_store
     from dualblade.store import open_store_blocking as open_store_blocking

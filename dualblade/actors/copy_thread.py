@@ -255,26 +255,19 @@ class CopyThreadActor(Actor[CopyMessage]):
         """Storage -> pinned -> device, piece by piece: a piece's DMA overlaps later reads.
 
         The storage slot of the overlap gate is held until the last piece has been read, so
-        Overlap-Cross still lets only one thread read at a time while DMAs trail behind. The
-        first piece's room in the buffer is taken before the slot: a transfer queued behind
-        another on this thread's one buffer must not hold a slot while it waits for the room,
-        or it keeps a thread that has room from reading (two copy threads ran one read at a
-        time, half the raw engine's speed to CUDA). Returns when the last read finished.
+        Overlap-Cross still lets only one thread read at a time while DMAs trail behind.
+        Returns when the last read finished.
+
+        The slot is taken before the buffer's room, as stores take them: one order for both,
+        or a load holding room while it waits for a slot and a store holding a slot while it
+        waits for that room would wait for each other forever.
         """
         pieces = self._pieces(message.span, message.view)
         token = object()
         limiter = self.gate.limiter
-        first_span = pieces[0][0]
-        first_region = (first_span.buffer_offset, first_span.buffer_offset + first_span.nbytes)
-        await self._ranges.acquire(*first_region)
-        try:
-            await limiter.acquire_on_behalf_of(token)
-        except BaseException:
-            self._ranges.release(*first_region)
-            raise
+        await limiter.acquire_on_behalf_of(token)
         reads_left = len(pieces)
         storage_done = time.perf_counter()
-        first_room_handed_over = False
 
         def read_finished() -> None:
             nonlocal reads_left, storage_done
@@ -283,13 +276,10 @@ class CopyThreadActor(Actor[CopyMessage]):
                 limiter.release_on_behalf_of(token)
                 storage_done = time.perf_counter()
 
-        async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice, held: bool) -> None:
-            nonlocal first_room_handed_over
-            first_room_handed_over |= held  # before any await: from here on the piece frees it
+        async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice) -> None:
             region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
             try:
-                if not held:
-                    await self._ranges.acquire(*region)
+                await self._ranges.acquire(*region)
             except BaseException:
                 read_finished()
                 raise
@@ -310,11 +300,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         try:
             with plain_errors():  # a piece's DualbladeError must reach _transfer as itself
                 async with anyio.create_task_group() as tg:
-                    for index, (sub_span, sub_view, rows) in enumerate(pieces):
-                        tg.start_soon(piece, sub_span, sub_view, rows, index == 0)
+                    for sub_span, sub_view, rows in pieces:
+                        tg.start_soon(piece, sub_span, sub_view, rows)
         finally:
-            if not first_room_handed_over:  # the first piece never ran: its room is ours
-                self._ranges.release(*first_region)
             if reads_left > 0:  # a piece never started: do not leak the storage slot
                 limiter.release_on_behalf_of(token)
         return storage_done
