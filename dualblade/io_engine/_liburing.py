@@ -48,7 +48,6 @@ _PROTOTYPES: dict[str, tuple[object, tuple[object, ...]]] = {
     "io_uring_prep_write_fixed": (None, (_c_void_p, _c_int, _c_void_p, _c_uint, _c_u64, _c_int)),
     "io_uring_prep_fallocate": (None, (_c_void_p, _c_int, _c_int, _c_u64, _c_u64)),
     "io_uring_prep_cancel64": (None, (_c_void_p, _c_u64, _c_int)),
-    "io_uring_prep_nop": (None, (_c_void_p,)),
     "io_uring_sqe_set_data64": (None, (_c_void_p, _c_u64)),
     "io_uring_sqe_set_flags": (None, (_c_void_p, _c_uint)),
     "io_uring_get_probe": (_c_void_p, ()),

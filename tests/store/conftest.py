@@ -11,6 +11,7 @@ import structlog
 import torch
 
 from dualblade.pipeline import PipelineConfig, config_from_mapping
+from dualblade.store import torch_dtype
 
 POLICIES = ["dual", "direct", "page-cache", "cache-policy", "baseline"]
 
@@ -33,7 +34,6 @@ SHAPES: dict[str, dict[str, Any]] = {
     },
 }
 
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 MakeConfig = Callable[..., PipelineConfig]
 
@@ -93,8 +93,8 @@ def random_kv(config: PipelineConfig, rows: int, seed: int) -> tuple[torch.Tenso
     shape = config.shape()
     generator = torch.Generator().manual_seed(seed)
     size = (rows, config.workload.batch, shape.kv_width)
-    k = torch.randn(size, generator=generator).to(DTYPES[shape.dtype])
-    v = torch.randn(size, generator=generator).to(DTYPES[shape.dtype])
+    k = torch.randn(size, generator=generator).to(torch_dtype(shape.dtype))
+    v = torch.randn(size, generator=generator).to(torch_dtype(shape.dtype))
     return k, v
 
 
