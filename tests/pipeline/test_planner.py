@@ -112,3 +112,21 @@ def test_any_batch_size_plans_and_slices_never_overlap(batch, preset):
         assert all(a[1] <= b[0] for a, b in itertools.pairwise(spans))
     extents = sorted((e.lba_start, e.end) for e in plan.lba_map)
     assert all(a[1] <= b[0] for a, b in itertools.pairwise(extents))
+
+
+def test_the_embedded_default_sizes_its_direct_file_to_the_plan():
+    """A bigger model on the embedded default needs no config: its file grows to fit."""
+    from dualblade.pipeline import config_for_model, get_preset, load_default_config
+
+    config = config_for_model(
+        load_default_config(env={}),
+        get_preset("opt-1.3b"),
+        batch=8,
+        prompt_len=512,
+        max_new_tokens=4,
+        policy="direct",
+    )
+    assert config.storage.direct.extent_blocks() is None
+    plan = make_plan(config, budget_for(config, 2 << 30))
+    assert len(plan.lba_map) == 2 * 24
+    assert plan.lba_map.used_blocks * 4096 > 256 << 20  # the old fixed extent's size
