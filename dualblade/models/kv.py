@@ -29,7 +29,14 @@ class KVCache(Protocol):
 
     async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int: ...
 
-    async def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    async def read(self, layer: int, *, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """All written rows, into ``out`` (one of :meth:`read_buffers`) when given; callers pass
+        ``out`` only where :meth:`read_buffers` gave buffers."""
+        ...
+
+    def read_buffers(self) -> Any:
+        """Buffers a reader reuses for one layer's read, or None where they gain nothing."""
+        ...
 
 
 class KVProvider(Protocol):
@@ -101,7 +108,11 @@ class MemoryKVContext:
         await anyio.lowlevel.checkpoint()
         return t + 1
 
-    async def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def read_buffers(self) -> None:
+        """None: reads here are copies in memory already."""
+        return None
+
+    async def read(self, layer: int, *, out: None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the written rows (a caller may keep them while the cache grows)."""
         self._check(layer, self._k[layer][:0], self._v[layer][:0], 0)
         rows = self._lengths[layer]

@@ -179,20 +179,25 @@ class OptModel:
 
         The reads of the ``ahead`` layers after the one computing are in flight meanwhile (the
         provider's ``read_parallelism``): one layer ahead kept a 4-thread store's page-cache path
-        to the GPU at a fraction of what it moves with every thread busy.
+        to the GPU at a fraction of what it moves with every thread busy. Each read lands in one
+        of ``ahead + 1`` reused read buffers (layer ``i`` in buffer ``i mod (ahead + 1)``): a
+        buffer is read into again only once the layer that used it has been computed. On the
+        host, direct reads land in them straight from storage.
         """
         x = await self._compute(self._embed, tokens[None, :], position)
         reads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         ready = [anyio.Event() for _ in range(self.arch.num_layers)]
+        ahead = max(1, ahead)
+        buffers = [cache.read_buffers() for _ in range(ahead + 1)]
 
         async def read(layer: int) -> None:
-            reads[layer] = await cache.read(layer)
+            out = buffers[layer % len(buffers)]
+            reads[layer] = await (cache.read(layer) if out is None else cache.read(layer, out=out))
             ready[layer].set()
 
         with plain_errors():
             async with anyio.create_task_group() as tg:
                 layers = self.arch.num_layers
-                ahead = max(1, ahead)
                 for layer in range(min(ahead, layers)):
                     tg.start_soon(read, layer)
                 for layer in range(layers):
