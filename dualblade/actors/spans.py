@@ -25,7 +25,7 @@ import ctypes
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TypeVar
+from typing import Any, Self, cast
 
 import anyio
 import torch
@@ -72,9 +72,6 @@ class PathCounters:
             }
 
 
-_S = TypeVar("_S", "DirectSpan", "PageCacheSpan", "MmapSpan")
-
-
 def host_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor as a writable memoryview (any dtype, bf16 too)."""
     assert tensor.device.type == "cpu", "a host tensor"
@@ -107,18 +104,34 @@ def _transfer_all(
         done += moved
 
 
-def _piece(span: _S, buffer_offset: int, nbytes: int) -> _S:
-    """The sub-span of ``span`` at ``buffer_offset``: storage and buffer shift together."""
-    shift = buffer_offset - span.buffer_offset
-    assert shift >= 0, "piece starts before the span"
-    assert shift + nbytes <= span.nbytes, "piece ends after the span"
-    return replace(
-        span, file_offset=span.file_offset + shift, nbytes=nbytes, buffer_offset=buffer_offset
-    )
+class _Placement:
+    """What every span shares: a range of storage mirrored at an offset of a buffer."""
+
+    file_offset: int
+    nbytes: int
+    buffer_offset: int
+
+    def piece(self, buffer_offset: int, nbytes: int) -> Self:
+        """The part of this span at ``buffer_offset``: storage and buffer shift together."""
+        shift = buffer_offset - self.buffer_offset
+        assert shift >= 0, "piece starts before the span"
+        assert shift + nbytes <= self.nbytes, "piece ends after the span"
+        moved: Self = replace(
+            cast(Any, self),  # every subclass is a dataclass
+            file_offset=self.file_offset + shift,
+            nbytes=nbytes,
+            buffer_offset=buffer_offset,
+        )
+        return moved
+
+    def at(self, buffer_offset: int) -> Self:
+        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
+        moved: Self = replace(cast(Any, self), buffer_offset=buffer_offset)
+        return moved
 
 
 @dataclass
-class DirectSpan:
+class DirectSpan(_Placement):
     """A byte range of the direct target, moved by the ring into/out of the pinned buffer."""
 
     engine: IOEngine
@@ -129,14 +142,6 @@ class DirectSpan:
     label: str
     counters: PathCounters
     path: str = "direct"
-
-    def piece(self, buffer_offset: int, nbytes: int) -> DirectSpan:
-        """The part of this span at ``buffer_offset`` (same storage offset shift)."""
-        return _piece(self, buffer_offset, nbytes)
-
-    def at(self, buffer_offset: int) -> DirectSpan:
-        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
-        return replace(self, buffer_offset=buffer_offset)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         await self.engine.pread(
@@ -152,7 +157,7 @@ class DirectSpan:
 
 
 @dataclass
-class PageCacheSpan:
+class PageCacheSpan(_Placement):
     """A byte range of a KPU's page-cache file, buffered I/O through the ring."""
 
     engine: IOEngine
@@ -164,14 +169,6 @@ class PageCacheSpan:
     counters: PathCounters
     evict: bool = False
     path: str = "page-cache"
-
-    def piece(self, buffer_offset: int, nbytes: int) -> PageCacheSpan:
-        """The part of this span at ``buffer_offset`` (same storage offset shift)."""
-        return _piece(self, buffer_offset, nbytes)
-
-    def at(self, buffer_offset: int) -> PageCacheSpan:
-        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
-        return replace(self, buffer_offset=buffer_offset)
 
     def _read_done(self) -> None:
         self.counters.add(self.path, read=self.nbytes)
@@ -218,7 +215,7 @@ class PageCacheSpan:
 
 
 @dataclass
-class MmapSpan:
+class MmapSpan(_Placement):
     """A byte range of a KPU's file through a shared mapping, copied by the CPU (baseline)."""
 
     file: PageCacheFile
@@ -254,14 +251,6 @@ class MmapSpan:
 
     def _window(self, buffer: AlignedBuffer) -> memoryview:
         return buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes]
-
-    def piece(self, buffer_offset: int, nbytes: int) -> MmapSpan:
-        """The part of this span at ``buffer_offset`` (same storage offset shift)."""
-        return _piece(self, buffer_offset, nbytes)
-
-    def at(self, buffer_offset: int) -> MmapSpan:
-        """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
-        return replace(self, buffer_offset=buffer_offset)
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         await anyio.to_thread.run_sync(self._copy, True, self._window(buffer))
