@@ -52,9 +52,11 @@ def _timeline(samples: list[tuple[float, int]], start: float, end: float) -> lis
 async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any) -> Any:
     """Real inference (``spec["compute"]``): the OPT engine generates with its KV in ``store``.
 
-    The engine reads nothing during prefill and writes one row per layer per decode step, so
-    the phase marks are its start and end: reads are decode's, writes are (almost all) prefill's.
+    The phases are marked where the engine's stream yields: prefill ends with the first token,
+    decode is every step after it. So the disk statistics and counters of each phase cover that
+    phase alone (they covered the whole run in both before).
     """
+    import contextlib
     import time
 
     from dualblade.bench.sweep_workload import PhaseClock, SweepWorkloadResult
@@ -65,18 +67,26 @@ async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any
         workload.batch, workload.prompt_len, model.arch.vocab_size, spec.get("seed", 0)
     )
     clock = PhaseClock()
+    times: list[float] = []
     on_phase("prefill_start")
-    on_phase("decode_start")
-    clock.prefill_start = clock.decode_start = time.perf_counter()
-    generation = await model.generate(prompts, spec["decode_steps"] + 1, store)
-    clock.prefill_end = clock.decode_end = time.perf_counter()
-    on_phase("prefill_end")
+    clock.prefill_start = start = time.perf_counter()
+    stream = model.stream(prompts, spec["decode_steps"] + 1, store)
+    async with contextlib.aclosing(stream) as tokens:
+        async for _token in tokens:
+            now = time.perf_counter()
+            times.append(now - start)
+            start = now
+            if len(times) == 1:  # the first token: prefill is over
+                clock.prefill_end = clock.decode_start = now
+                on_phase("prefill_end")
+                on_phase("decode_start")
+    clock.decode_end = time.perf_counter()
     on_phase("decode_end")
     return SweepWorkloadResult(
-        generation.prefill_s,
-        generation.decode_s,
-        list(generation.decode_step_s),
-        ["n/a"] * len(generation.decode_step_s),
+        times[0],
+        sum(times[1:]),
+        times[1:],
+        ["n/a"] * len(times[1:]),
         0,
         clock,
     )

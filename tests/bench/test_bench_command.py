@@ -99,3 +99,27 @@ def test_tiny_sweep_writes_results_plots_and_checked_reads(tmp_path: Path) -> No
     for name in ("decode.png", "prefill.png", "hit_rate.png", "throughput.png", "results.md"):
         assert (out / name).stat().st_size > 0
     assert not (tmp_path / "work" / "bandwidth.dat").exists()
+
+
+@pytest.mark.root
+def test_a_compute_run_reports_each_phase_alone(tmp_path: Path) -> None:
+    """With a real model the disk statistics of prefill and decode cover their own phase."""
+    reason = can_create_memory_cgroups()
+    if reason is not None:
+        pytest.skip(reason)
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        TINY.format(dir=tmp_path / "store").replace("max_new_tokens = 2", "max_new_tokens = 6")
+    )
+    out = tmp_path / "out"
+    args = ["bench", str(config), "--memory-limits", "600MiB", "--policies", "dual"]
+    args += ["--compute", "opt-125m", "--steps", "4", "--bandwidth-size", "64MiB"]
+    assert main([*args, "--work-dir", str(tmp_path / "work"), "--out", str(out)]) in (0, 1)
+    (record,) = json.loads((out / "results.json").read_text())["results"]
+    assert "error" not in record, record.get("error")
+    if "disk" not in record:
+        pytest.skip("the work dir's block device has no statistics here")
+    prefill, decode = record["disk"]["prefill"], record["disk"]["decode"]
+    assert prefill["seconds"] == pytest.approx(record["prefill_s"], abs=0.05)
+    assert decode["seconds"] == pytest.approx(record["decode_s"], abs=0.05)
+    assert prefill["written_bytes"] > decode["written_bytes"]  # prefill writes every row
