@@ -61,11 +61,19 @@ class PageCacheBudget:
     copy_threads: int
     safety_margin_bytes: int
     knob_x_requested_bytes: int | None
+    #: Of the pinned reservation, the bytes already allocated when the limit was read, and so
+    #: already inside ``in_use_bytes``: they are not subtracted a second time.
+    pinned_in_use_bytes: int = 0
 
     @property
     def pinned_reservation_bytes(self) -> int:
         """``N_threads × M_pin``: the fixed DRAM cost of Co-DMA the paper admits."""
         return self.copy_threads * self.pin_bytes
+
+    @property
+    def pinned_still_reserved_bytes(self) -> int:
+        """The part of the pinned reservation not yet inside ``in_use_bytes``."""
+        return max(0, self.pinned_reservation_bytes - self.pinned_in_use_bytes)
 
     def terms(self) -> tuple[BudgetTerm, ...]:
         """The derivation as named lines, in the order of the formula."""
@@ -77,8 +85,13 @@ class PageCacheBudget:
                 BudgetTerm("- in use, not page cache", self.in_use_bytes),
                 BudgetTerm(
                     "- pinned reservation",
-                    self.pinned_reservation_bytes,
-                    f"{self.copy_threads} threads × M_pin {self.pin_bytes} B",
+                    self.pinned_still_reserved_bytes,
+                    f"{self.copy_threads} threads × M_pin {self.pin_bytes} B"
+                    + (
+                        f", {self.pinned_in_use_bytes} B of it counted in use already"
+                        if self.pinned_in_use_bytes
+                        else ""
+                    ),
                 ),
                 BudgetTerm("- safety margin", self.safety_margin_bytes),
                 BudgetTerm("= page-cache budget B_pc", self.page_cache_bytes),
@@ -99,6 +112,7 @@ class PageCacheBudget:
             "limit_bytes": self.limit_bytes,
             "in_use_bytes": self.in_use_bytes,
             "pinned_reservation_bytes": self.pinned_reservation_bytes,
+            "pinned_in_use_bytes": self.pinned_in_use_bytes,
             "pin_bytes": self.pin_bytes,
             "copy_threads": self.copy_threads,
             "safety_margin_bytes": self.safety_margin_bytes,
@@ -135,10 +149,17 @@ def derive_budget(
     safety_margin: int,
     safety_fraction: float,
     knob_x: int | None = None,
+    pinned_in_use: int = 0,
 ) -> PageCacheBudget:
-    """``B_pc = max(0, limit - in_use - copy_threads * pin_bytes - margin)`` and ``X`` in it."""
+    """``B_pc = max(0, limit - in_use - copy_threads * pin_bytes - margin)`` and ``X`` in it.
+
+    ``pinned_in_use``: pinned bytes already allocated and counted in ``limit.in_use_bytes``
+    (a running store reads its limit after allocating its buffers); only the rest of the
+    reservation is subtracted, so the pinned memory is counted once.
+    """
     margin = max(safety_margin, int(safety_fraction * limit.limit_bytes))
-    budget = max(0, limit.limit_bytes - limit.in_use_bytes - copy_threads * pin_bytes - margin)
+    pinned = max(0, copy_threads * pin_bytes - pinned_in_use)
+    budget = max(0, limit.limit_bytes - limit.in_use_bytes - pinned - margin)
     return PageCacheBudget(
         page_cache_bytes=budget,
         knob_x_bytes=budget if knob_x is None else max(0, min(knob_x, budget)),
@@ -149,6 +170,7 @@ def derive_budget(
         copy_threads=copy_threads,
         safety_margin_bytes=margin,
         knob_x_requested_bytes=knob_x,
+        pinned_in_use_bytes=min(pinned_in_use, copy_threads * pin_bytes),
     )
 
 

@@ -106,10 +106,18 @@ def layer_page_cache_bytes(config: PipelineConfig) -> list[int]:
 
 
 def budget_for(
-    config: PipelineConfig, memory_limit: int | None = None, root: Path = Path("/")
+    config: PipelineConfig,
+    memory_limit: int | None = None,
+    root: Path = Path("/"),
+    *,
+    pinned_in_use: int = 0,
 ) -> PageCacheBudget:
     """The page-cache budget, from the first of: ``memory_limit`` (e.g. ``--memory-limit``),
     ``memory.page_cache_budget``, ``memory.limit``, or the limits discovered under ``root``.
+
+    ``pinned_in_use``: the pinned buffers' bytes already allocated by the caller (a running
+    store). Discovered limits count them in use already, so they are not reserved again; a
+    stated limit counts nothing in use, so the whole reservation is subtracted from it.
 
     Raises:
         MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
@@ -129,6 +137,7 @@ def budget_for(
     )
     return derive_budget(
         limit,
+        pinned_in_use=0 if stated is not None else pinned_in_use,
         pin_bytes=pin,
         copy_threads=config.copy_threads,
         safety_margin=memory.safety_margin,

@@ -134,8 +134,12 @@ async def _sample_loop(runtime: Runtime) -> None:
         last, last_read, last_written = now, read, written
 
 
-def _budget_reader(config: PipelineConfig, memory_limit: int | None) -> Budget:
-    derived = budget_for(config, memory_limit)
+def _budget_reader(
+    config: PipelineConfig, memory_limit: int | None, pinned_in_use: int = 0
+) -> Budget:
+    """The budget now; ``pinned_in_use``: the copy threads' buffers, allocated already (a
+    discovered limit counts them in use, so the plan must not reserve them again)."""
+    derived = budget_for(config, memory_limit, pinned_in_use=pinned_in_use)
     return Budget(
         page_cache_bytes=derived.page_cache_bytes,
         limit_bytes=derived.limit_bytes,
@@ -213,7 +217,7 @@ async def start_runtime(
             file_factory=page_cache_file,
         )
         budgeter = BudgeterActor(
-            lambda: _budget_reader(config, memory_limit),
+            lambda: _budget_reader(config, memory_limit, sum(b.size for b in buffers)),
             interval=0 if fixed else budget_interval,
             tracer=tracer,
         )

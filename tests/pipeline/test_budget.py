@@ -107,3 +107,36 @@ def test_no_limit_uses_the_host(cgroup):
     assert limit.limit_bytes == 16 * GIB
     assert limit.in_use_bytes == 4 * GIB
     assert "host MemTotal" in limit.source
+
+
+def test_pinned_buffers_already_in_use_are_reserved_once():
+    # A running store reads its limit after allocating its two 136 MiB buffers: the limit's
+    # in-use memory holds them, so only what is not yet allocated is reserved on top.
+    in_use = 1 * GIB + 272 * MIB
+    kwargs = {"pin_bytes": 136 * MIB, "copy_threads": 2, "safety_margin": 0, "safety_fraction": 0}
+    counted_twice = derive_budget(MemoryLimit(6 * GIB, in_use, "test"), **kwargs)
+    once = derive_budget(MemoryLimit(6 * GIB, in_use, "test"), pinned_in_use=272 * MIB, **kwargs)
+    assert once.page_cache_bytes == 6 * GIB - in_use
+    assert once.page_cache_bytes - counted_twice.page_cache_bytes == 272 * MIB
+    assert once.pinned_reservation_bytes == 272 * MIB  # the cost itself is unchanged
+    assert once.pinned_still_reserved_bytes == 0
+    assert once.to_dict()["pinned_in_use_bytes"] == 272 * MIB
+    half = derive_budget(MemoryLimit(6 * GIB, in_use, "test"), pinned_in_use=136 * MIB, **kwargs)
+    assert half.page_cache_bytes == 6 * GIB - in_use - 136 * MIB
+
+
+def test_a_stated_limit_reserves_the_pinned_buffers_whatever_is_allocated(tmp_path):
+    from dualblade.pipeline import budget_for, config_from_mapping
+
+    config = config_from_mapping(
+        {
+            "model": {"num_layers": 2, "hidden_size": 512, "num_heads": 8},
+            "workload": {"batch": 2, "prompt_len": 8, "max_new_tokens": 2},
+            "storage": {"direct": {"kind": "file", "path": str(tmp_path / "d.kv")}},
+        },
+        source="test",
+        env={},
+    )
+    stated = budget_for(config, 1 * GIB, pinned_in_use=1 * MIB)
+    assert stated.pinned_in_use_bytes == 0  # nothing of the process is in a stated limit
+    assert stated.pinned_still_reserved_bytes == stated.pinned_reservation_bytes

@@ -65,3 +65,18 @@ async def test_raw_direct_read_stays_inside_the_extent(make_config) -> None:
             await store.raw_direct_read(buffer, extent.nbytes, extent.byte_offset)
             with pytest.raises(ConfigError, match="outside the store's direct extent"):
                 await store.raw_direct_read(buffer, 4096, 0 if extent.byte_offset else -4096)
+
+
+async def test_a_discovered_budget_counts_the_pinned_buffers_once(make_config) -> None:
+    """The buffers exist before the budgeter's first reading: a discovered limit holds them in
+    its in-use memory, so the plan does not reserve them again; a stated limit does."""
+    discovered = make_config("direct", memory={"limit": "auto"})
+    async with open_store(discovered, device="cpu") as store:
+        budget = store.plan.budget
+        stats = store.stats()
+        assert budget.pinned_in_use_bytes == stats.buffers * stats.buffer_bytes > 0
+        assert budget.pinned_still_reserved_bytes == 0
+    stated = make_config("direct", memory={"limit": "4GiB"})
+    async with open_store(stated, device="cpu") as store:
+        assert store.plan.budget.pinned_in_use_bytes == 0
+        assert store.plan.budget.pinned_still_reserved_bytes == store.stats().pinned_bytes
