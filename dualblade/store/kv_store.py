@@ -38,6 +38,7 @@ from dualblade.errors import ConfigError
 from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, Target
 from dualblade.pipeline import PipelineConfig, Plan
 from dualblade.store.context import KVContext
+from dualblade.store.context_shape import context_plan
 from dualblade.store.runtime import Runtime, start_runtime
 from dualblade.store.stats import StoreStats, collect_stats
 from dualblade.telemetry import NULL_TRACER, Tracer
@@ -80,9 +81,34 @@ class KVStore:
         return self.runtime.plan
 
     @contextlib.asynccontextmanager
-    async def context(self) -> AsyncIterator[KVContext]:
-        """A new request context; its storage is released when the block exits."""
-        ctx = KVContext(self, next(self._context_ids), self.runtime.plan)
+    async def context(
+        self,
+        *,
+        batch: int | None = None,
+        max_len: int | None = None,
+        dtype: str | None = None,
+    ) -> AsyncIterator[KVContext]:
+        """A new request context; its storage is released when the block exits.
+
+        ``batch``, ``max_len`` (rows: prompt plus new tokens) and ``dtype`` give the context a
+        shape of its own, up to the store's workload (None: the store's). Its plan, extents and
+        files are sized for that shape.
+
+        Raises:
+            KVShapeError: a shape whose KPUs do not fit the store's copy-thread buffers, or an
+                invalid value.
+        """
+        plan = self.runtime.plan
+        if (batch, max_len, dtype) != (None, None, None):
+            plan = context_plan(
+                self.config,
+                plan.budget,
+                self.runtime.buffers[0].size,
+                batch=batch,
+                max_len=max_len,
+                dtype=dtype,
+            )
+        ctx = KVContext(self, next(self._context_ids), plan)
         self.open_contexts += 1
         try:
             yield ctx
