@@ -58,13 +58,12 @@ async def test_contexts_of_different_shapes_at_once_keep_every_byte(
 
 async def test_a_context_of_another_dtype_within_the_buffers(make_config: MakeConfig) -> None:
     config = make_config("direct", "odd-gqa", prompt_len=40, max_new_tokens=8)  # bfloat16
-    async with open_store(config, device="cpu") as store:
-        async with store.context(dtype="float16") as ctx:
-            assert ctx.dtype == torch_dtype("float16")
-            k, v = kv_for(ctx, 48, seed=1)
-            await ctx.write(2, k, v)
-            got_k, _ = await ctx.read(2)
-            assert torch.equal(got_k, k)
+    async with open_store(config, device="cpu") as store, store.context(dtype="float16") as ctx:
+        assert ctx.dtype == torch_dtype("float16")
+        k, v = kv_for(ctx, 48, seed=1)
+        await ctx.write(2, k, v)
+        got_k, _ = await ctx.read(2)
+        assert torch.equal(got_k, k)
 
 
 async def test_a_context_larger_than_the_store_is_refused(make_config: MakeConfig) -> None:
