@@ -138,7 +138,12 @@ class BinderActor(Actor[BinderMessage]):
             if holdings.extent is None:
                 with self.tracer.span(self.name, "claim extent", blocks=message.n_blocks):
                     start = self.allocator.allocate(message.n_blocks)
-                    self._grow_file_target()
+                    try:
+                        self._grow_file_target()
+                    except BaseException:
+                        # No room for it (ENOSPC): the run was never the context's; give it back.
+                        self.allocator.free(start)
+                        raise
                 holdings.extent = (start, message.n_blocks)
             message.reply.set(holdings.extent[0])
         elif isinstance(message, ClaimFile):

@@ -180,3 +180,32 @@ async def test_growable_file_target_grows(engine, tmp_path):
             assert target.size >= 17 * LBA
             assert os.fstat(target.fd).st_size >= 17 * LBA
             binder.close()
+
+
+async def test_a_claim_the_disk_has_no_room_for_keeps_no_run(engine, tmp_path, monkeypatch):
+    """ENOSPC while growing a file target fails that claim alone; its run is given back."""
+    with DirectFile(tmp_path / "grow.kv", 0) as growing:
+        real_grow = growing.grow_to
+        full = True
+
+        def grow_to(size: int) -> None:
+            if full:
+                raise TargetError(f"cannot grow {growing.name} to {size} bytes: No space left")
+            real_grow(size)
+
+        monkeypatch.setattr(growing, "grow_to", grow_to)
+        binder = BinderActor(engine, growing, 0, None, tmp_path / "pc")
+        async with anyio.create_task_group() as tg:
+            await tg.start(binder.run)
+            client = Client(binder)
+            for context in (1, 2):
+                with pytest.raises(TargetError, match="No space left"):
+                    await client.claim(context, 100)
+            book = await client.book()
+            assert book.extents == {}
+            assert binder.allocator.free_runs in ([], [(0, 100)])  # nothing held
+            full = False  # room again: the next context is served, from the first block
+            assert await client.claim(3, 100) == 0
+            assert (await client.book()).extents == {3: (0, 100)}
+            await client.release(3)
+            binder.close()
