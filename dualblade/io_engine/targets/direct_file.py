@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dualblade.io_engine import _uapi, opcodes
 from dualblade.io_engine.errors import TargetError
+from dualblade.io_engine.targets._private_dirs import make_private_dirs
 from dualblade.io_engine.targets.base import Target
 
 #: Offsets, lengths and buffer addresses are kept 4 KiB-aligned: valid for every logical block
@@ -46,7 +47,7 @@ class DirectFile(Target):
         size = -(-size // self.lba_size) * self.lba_size
         file = Path(path)
         try:
-            file.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(file.parent)
             self.fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_DIRECT | os.O_CLOEXEC, 0o600)
         except PermissionError as error:
             raise TargetError(f"cannot open {file}: permission denied") from error

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from dualblade.io_engine._uapi import IOSQE_ASYNC
 from dualblade.io_engine.errors import TargetError
+from dualblade.io_engine.targets._private_dirs import make_private_dirs
 from dualblade.io_engine.targets.base import Target
 
 
@@ -43,7 +44,7 @@ class PageCacheFile(Target):
         self.max_transfer = max_transfer
         file = Path(path)
         try:
-            file.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(file.parent)
             self.fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
             if os.fstat(self.fd).st_size < size:
                 os.ftruncate(self.fd, size)
