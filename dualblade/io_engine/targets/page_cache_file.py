@@ -7,6 +7,7 @@ mode); :meth:`PageCacheFile.mmap` gives the FlexLLMGen-style memory-mapped view.
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 from pathlib import Path
@@ -29,8 +30,13 @@ class PageCacheFile(Target):
 
     Args:
         path: the file; parent folders are created.
-        size: the file is extended (sparse) to at least this many bytes.
+        size: the file is extended to at least this many bytes, with its blocks allocated
+            (``posix_fallocate``) where the file system can: a full disk is then an error here,
+            not a SIGBUS when a memory map (the baseline's path) first writes a hole.
         max_transfer: the largest single command in bytes.
+
+    Raises:
+        TargetError: the file cannot be opened, or there is no room for it (it is removed).
     """
 
     sqe_flags = IOSQE_ASYNC
@@ -45,12 +51,21 @@ class PageCacheFile(Target):
         file = Path(path)
         try:
             make_private_dirs(file.parent)
+            existed = file.exists()
             self.fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            if os.fstat(self.fd).st_size < size:
-                os.ftruncate(self.fd, size)
         except OSError as error:
             raise TargetError(
                 f"cannot open {file} for the page-cache path: {error.strerror}"
+            ) from error
+        try:
+            if os.fstat(self.fd).st_size < size:
+                _allocate(self.fd, size)
+        except OSError as error:
+            os.close(self.fd)
+            if not existed:
+                file.unlink(missing_ok=True)
+            raise TargetError(
+                f"no room for {file} ({size} bytes) on the page-cache path: {error.strerror}"
             ) from error
         self.size = max(size, os.fstat(self.fd).st_size)
         self._mmap: mmap.mmap | None = None
@@ -107,3 +122,14 @@ class PageCacheFile(Target):
             self._mmap.close()
             self._mmap = None
         super().close()
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Extend the file to ``size`` bytes with its blocks allocated; sparse where the file
+    system cannot allocate ahead (the hole then fills on first write, as before)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)
