@@ -29,7 +29,7 @@ class IOFailedError(IOEngineError):
 
     Attributes:
         target: the target's display name (usually its path).
-        op: ``"read"``, ``"write"`` or ``"trim"``.
+        op: ``"read"``, ``"write"``, ``"trim"`` or ``"allocate"`` (a page-cache file made).
         offset: byte offset of the failed chunk on the target.
         length: byte length of the failed chunk.
         errno: the kernel's errno, or ``None`` for an NVMe status or an unexpected end of target.

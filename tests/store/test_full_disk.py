@@ -3,6 +3,7 @@ nothing left behind, and the next context served."""
 
 from __future__ import annotations
 
+import errno
 import os
 import subprocess
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from dualblade.io_engine import PageCacheFile, TargetError
+from dualblade.io_engine import IOFailedError, PageCacheFile
 from dualblade.store import open_store
 
 from .conftest import MakeConfig, random_kv
@@ -35,8 +36,9 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
 
 def test_a_file_with_no_room_is_an_error_and_is_removed(small_fs: Path) -> None:
     path = small_fs / "context-1" / "L0.K"
-    with pytest.raises(TargetError, match="no room for"):
+    with pytest.raises(IOFailedError, match="no room for the file") as caught:
         PageCacheFile(path, 4 << 20)
+    assert caught.value.errno == errno.ENOSPC
     assert not path.exists()
 
 
@@ -58,8 +60,9 @@ async def test_a_full_disk_fails_one_context_and_the_next_is_served(
                 await ctx.write(layer, k, v)
 
     async with open_store(config, device="cpu") as store:
-        with pytest.raises(TargetError, match="no room for"):
+        with pytest.raises(IOFailedError, match="no room for the file") as caught:
             await fill(store)
+        assert caught.value.errno == errno.ENOSPC
         assert store.stats().files_held == 0
         async with store.context(max_len=2) as small:
             k, v = random_kv(config, 2, seed=2)

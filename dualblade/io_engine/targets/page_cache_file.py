@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from dualblade.io_engine._uapi import IOSQE_ASYNC
-from dualblade.io_engine.errors import TargetError
+from dualblade.io_engine.errors import IOFailedError, TargetError
 from dualblade.io_engine.targets._private_dirs import make_private_dirs
 from dualblade.io_engine.targets.base import Target
 
@@ -36,7 +36,8 @@ class PageCacheFile(Target):
         max_transfer: the largest single command in bytes.
 
     Raises:
-        TargetError: the file cannot be opened, or there is no room for it (it is removed).
+        TargetError: the file cannot be opened.
+        IOFailedError: no room for it (errno ENOSPC; the file is removed).
     """
 
     sqe_flags = IOSQE_ASYNC
@@ -64,8 +65,10 @@ class PageCacheFile(Target):
             os.close(self.fd)
             if not existed:
                 file.unlink(missing_ok=True)
-            raise TargetError(
-                f"no room for {file} ({size} bytes) on the page-cache path: {error.strerror}"
+            # The same error a write that finds no room raises: a full disk is one kind of
+            # failure wherever it is met.
+            raise IOFailedError(
+                str(file), "allocate", 0, size, errno=error.errno, detail="no room for the file"
             ) from error
         self.size = max(size, os.fstat(self.fd).st_size)
         self._mmap: mmap.mmap | None = None
