@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -173,22 +173,21 @@ class OptModel:
         return await self._compute(self._logits, x)
 
     async def _decode(
-        self, cache: KVCache, tokens: torch.Tensor, position: int, ahead: int = 1
+        self, cache: KVCache, tokens: torch.Tensor, position: int, buffers: Sequence[Any]
     ) -> torch.Tensor:
         """One decode step for ``tokens`` ``[batch]`` at ``position``; returns the logits.
 
-        The reads of the ``ahead`` layers after the one computing are in flight meanwhile (the
-        provider's ``read_parallelism``): one layer ahead kept a 4-thread store's page-cache path
-        to the GPU at a fraction of what it moves with every thread busy. Each read lands in one
-        of ``ahead + 1`` reused read buffers (layer ``i`` in buffer ``i mod (ahead + 1)``): a
-        buffer is read into again only once the layer that used it has been computed. On the
-        host, direct reads land in them straight from storage.
+        The reads of the ``len(buffers) - 1`` layers after the one computing are in flight
+        meanwhile (the provider's ``read_parallelism``): one layer ahead kept a 4-thread store's
+        page-cache path to the GPU at a fraction of what it moves with every thread busy. Each
+        read lands in one of the request's reused read ``buffers`` (layer ``i`` in buffer
+        ``i mod len(buffers)``): a buffer is read into again only once the layer that used it
+        has been computed. On the host, direct reads land in them straight from storage.
         """
         x = await self._compute(self._embed, tokens[None, :], position)
         reads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         ready = [anyio.Event() for _ in range(self.arch.num_layers)]
-        ahead = max(1, ahead)
-        buffers = [cache.read_buffers() for _ in range(ahead + 1)]
+        ahead = len(buffers) - 1
 
         async def read(layer: int) -> None:
             out = buffers[layer % len(buffers)]
@@ -255,11 +254,12 @@ class OptModel:
             logits = await self._prefill(cache, ids)
             token = logits.argmax(dim=-1).cpu()
             yield token
+            # Made once per request, reused by every step (aligned memory is made and touched
+            # page by page: not per step). Released with the last reference to them.
+            buffers = [cache.read_buffers() for _ in range(max(1, kv.read_parallelism) + 1)]
             for step in range(1, gen_len):
                 async with kv.iteration():
-                    logits = await self._decode(
-                        cache, token, prompt_len + step - 1, kv.read_parallelism
-                    )
+                    logits = await self._decode(cache, token, prompt_len + step - 1, buffers)
                 token = logits.argmax(dim=-1).cpu()
                 yield token
 
