@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -103,3 +107,32 @@ def _fresh_structlog() -> Iterator[None]:
     """Undo the CLI's ``structlog.configure`` (it binds the test's captured stderr)."""
     yield
     structlog.reset_defaults()
+
+
+MountTmpfs = Callable[[str], Path]
+
+
+@pytest.fixture
+def mount_tmpfs(tmp_path: Path) -> Iterator[MountTmpfs]:
+    """``mount_tmpfs("1m")``: a tmpfs of that size under the test's tmp dir (root only; a small
+    file system that fills up for real), unmounted afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    with contextlib.ExitStack() as stack:
+
+        def mount(size: str) -> Path:
+            mount_point = tmp_path / f"tmpfs-{size}"
+            mount_point.mkdir()
+            result = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode != 0:
+                pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
+            stack.callback(shutil.rmtree, mount_point, ignore_errors=True)
+            stack.callback(subprocess.run, ["umount", "-l", str(mount_point)], check=False)
+            return mount_point
+
+        yield mount

@@ -8,12 +8,8 @@ victim's own run; a real ENOSPC comes from a tiny tmpfs (as root).
 from __future__ import annotations
 
 import errno
-import os
 import random
-import shutil
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -27,7 +23,7 @@ from dualblade.io_engine import IOFailedError, Target
 from dualblade.store import KVContext, KVStore, LayerLostError, open_store
 from dualblade.testing import FaultKind, FaultPolicy, FaultyTarget
 
-from .conftest import MakeConfig, random_kv
+from .conftest import MakeConfig, MountTmpfs, random_kv
 
 pytestmark = pytest.mark.anyio
 
@@ -160,25 +156,9 @@ async def test_failed_append_leaves_the_layer_as_it_was(make_config: MakeConfig)
 
 
 @pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+def tiny_tmpfs(mount_tmpfs: MountTmpfs) -> Path:
     """A 1 MiB tmpfs (root only), unmounted afterwards."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mount_point = tmp_path / "tiny"
-    mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {result.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-        shutil.rmtree(mount_point, ignore_errors=True)
+    return mount_tmpfs("1m")
 
 
 @pytest.mark.root

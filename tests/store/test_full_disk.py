@@ -4,9 +4,6 @@ nothing left behind, and the next context served."""
 from __future__ import annotations
 
 import errno
-import os
-import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,23 +12,15 @@ import torch
 from dualblade.io_engine import IOFailedError, PageCacheFile
 from dualblade.store import open_store
 
-from .conftest import MakeConfig, random_kv
+from .conftest import MakeConfig, MountTmpfs, random_kv
 
 pytestmark = pytest.mark.root
 
 
 @pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
+def small_fs(mount_tmpfs: MountTmpfs) -> Path:
     """A 256 KiB tmpfs (it allocates what fallocate asks, and says ENOSPC past that)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
-    mount = tmp_path / "small"
-    mount.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], check=True)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
+    return mount_tmpfs("256k")
 
 
 def test_a_file_with_no_room_is_an_error_and_is_removed(small_fs: Path) -> None:
