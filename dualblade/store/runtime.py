@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,8 @@ from dualblade.pipeline import (
 )
 from dualblade.store.copy_thread_pool import CopyThreadPool
 from dualblade.store.direct_target import open_direct_target
+from dualblade.store.reclaim import Reclaimed, reclaim_predecessors
+from dualblade.store.store_folder import StoreFolder, claim_store_folder
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
 
 _log = get_logger(__name__)
@@ -72,6 +74,8 @@ class Runtime:
     metrics: Metrics
     counters: PathCounters
     plan: Plan
+    #: what dead predecessors left and this store removed before it served
+    reclaimed: Reclaimed = field(default_factory=Reclaimed)
 
     def replan(self, budget: Budget) -> Plan:
         """The plan for new contexts under ``budget`` (Algorithm 1 again)."""
@@ -185,6 +189,7 @@ async def start_runtime(
         direct = wrap_direct(direct)
     buffers: list[AlignedBuffer] = []
     engine: IOEngine | None = None
+    folder: StoreFolder | None = None
     try:
         direct.lock_exclusive()
         engine = IOEngine(
@@ -192,6 +197,10 @@ async def start_runtime(
             passthrough=direct.passthrough,
             max_chunk=config.max_chunk,
             name="dualblade-ring",
+        )
+        folder = claim_store_folder(Path(config.storage.page_cache_dir))
+        reclaimed = await reclaim_predecessors(
+            engine, direct, first_lba, n_blocks, folder.path.parent
         )
         pin = pin_bytes(config)
         buffers = [AlignedBuffer(pin) for _ in range(config.copy_threads)]
@@ -205,7 +214,7 @@ async def start_runtime(
             or config.memory.page_cache_budget is not None
             or config.memory.limit is not None
         )
-        page_cache_dir = Path(config.storage.page_cache_dir) / f"store-{id(buffers):x}"
+        page_cache_dir = folder.path
         # The binder first: it may refuse the extent, and no other actor exists yet to leak.
         binder = BinderActor(
             engine,
@@ -251,6 +260,7 @@ async def start_runtime(
                     metrics=Metrics(),
                     counters=PathCounters(),
                     plan=make_plan(config, budgeter.current.detail),  # type: ignore[arg-type]
+                    reclaimed=reclaimed,
                 )
 
                 async def on_budget(budget: Budget) -> None:
@@ -278,3 +288,5 @@ async def start_runtime(
         for buffer in buffers:
             buffer.close()
         direct.close()
+        if folder is not None:
+            folder.close()

@@ -113,6 +113,9 @@ class FaultyTarget(Target):
     def trim_blocking(self, offset: int, length: int) -> None:
         self.inner.trim_blocking(offset, length)
 
+    def allocated_ranges(self, offset: int, length: int) -> list[tuple[int, int]] | None:
+        return self.inner.allocated_ranges(offset, length)
+
     def describe(self) -> dict[str, object]:
         return {**self.inner.describe(), "faults": "injected"}
 

@@ -97,6 +97,16 @@ class Target(ABC):
     def trim_blocking(self, offset: int, length: int) -> None:
         """Deallocate the range synchronously (run on a worker thread by the engine)."""
 
+    def allocated_ranges(self, offset: int, length: int) -> list[tuple[int, int]] | None:
+        """``(offset, length)`` of each part of the range that holds data, or None when the
+        target cannot tell (a device keeps no record of which blocks were written).
+
+        A store that starts after a crashed predecessor discards only these parts of its
+        extent (and can say how much it reclaimed); where the answer is None it discards the
+        whole extent.
+        """
+        return None
+
     # -- blocking fallbacks used by the thread-pool engine -------------------------------------
     def pread_blocking(self, view: memoryview, offset: int) -> int:
         """``preadv`` into ``view``; returns bytes read."""

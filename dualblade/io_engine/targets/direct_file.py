@@ -86,6 +86,36 @@ class DirectFile(Target):
             ) from error
         self.size = size
 
+    def allocated_ranges(self, offset: int, length: int) -> list[tuple[int, int]]:
+        """The parts of ``[offset, offset + length)`` that hold data (``SEEK_DATA`` /
+        ``SEEK_HOLE``), widened to whole 4 KiB blocks and clipped to the range.
+
+        Blocks that were preallocated but never written (unwritten extents) count as holes on
+        ext4 and XFS: they hold nothing to reclaim. File systems without ``SEEK_DATA`` report
+        the whole file as data, which errs on the safe side.
+        """
+        end = offset + length
+        out: list[tuple[int, int]] = []
+        position = offset
+        while position < end:
+            try:
+                start = os.lseek(self.fd, position, os.SEEK_DATA)
+            except OSError as error:
+                if error.errno == errno.ENXIO:  # no data after position
+                    break
+                raise
+            if start >= end:
+                break
+            stop = min(os.lseek(self.fd, start, os.SEEK_HOLE), end)
+            low = max(offset, start // self.lba_size * self.lba_size)
+            high = min(end, -(-stop // self.lba_size) * self.lba_size)
+            if out and out[-1][0] + out[-1][1] >= low:
+                first, _ = out.pop()
+                low = first
+            out.append((low, high - low))
+            position = stop
+        return out
+
     def trim_op(self, offset: int, length: int) -> opcodes.Op:
         return opcodes.Fallocate(
             self.fd, _uapi.FALLOC_FL_PUNCH_HOLE | _uapi.FALLOC_FL_KEEP_SIZE, offset, length
