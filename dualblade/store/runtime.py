@@ -109,6 +109,10 @@ def _trace_chunks(engine: IOEngine, tracer: Tracer) -> None:
     engine.observe_chunks(observe)
 
 
+#: How long a starting store waits for the direct target's lock: a predecessor killed with I/O
+#: in flight holds it until the kernel has reaped that I/O (see ``Target.lock_exclusive``).
+LOCK_WAIT_S = 2.0
+
 #: Seconds between counter samples in a trace.
 SAMPLE_INTERVAL = 0.05
 
@@ -191,7 +195,7 @@ async def start_runtime(
     engine: IOEngine | None = None
     folder: StoreFolder | None = None
     try:
-        direct.lock_exclusive()
+        direct.lock_exclusive(wait_s=LOCK_WAIT_S)
         engine = IOEngine(
             queue_depth=config.queue_depth,
             passthrough=direct.passthrough,

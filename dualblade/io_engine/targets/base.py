@@ -116,24 +116,35 @@ class Target(ABC):
         """``pwritev`` from ``view``; returns bytes written."""
         return os.pwritev(self.fd, [view], offset)
 
-    def lock_exclusive(self) -> None:
+    def lock_exclusive(self, wait_s: float = 0.0) -> None:
         """Claim the target for this process (``flock``), so a second store cannot share it.
+
+        ``wait_s``: how long to keep trying while another holds the lock. A process killed
+        with I/O in flight keeps its lock a little longer than it lives: the kernel drops the
+        lock with the last reference to the file, which the dead process's io_uring holds until
+        its exit work has reaped the I/O. A store restarted at once after a crash waits that out.
 
         Raises:
             TargetError: another open file description holds the lock (another store).
         """
         import errno
         import fcntl
+        import time
 
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except OSError as error:
+                if error.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    raise TargetError(f"cannot lock {self.name}: {error.strerror}") from error
+            if time.monotonic() >= deadline:
                 raise TargetError(
                     f"{self.name} is in use by another dualblade store; give each store its "
                     "own target (or extent file)"
-                ) from None
-            raise TargetError(f"cannot lock {self.name}: {error.strerror}") from error
+                )
+            time.sleep(0.01)
 
     # -- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
