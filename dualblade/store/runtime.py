@@ -195,7 +195,7 @@ async def start_runtime(
     engine: IOEngine | None = None
     folder: StoreFolder | None = None
     try:
-        direct.lock_exclusive(wait_s=LOCK_WAIT_S)
+        await anyio.to_thread.run_sync(direct.lock_exclusive, LOCK_WAIT_S)
         engine = IOEngine(
             queue_depth=config.queue_depth,
             passthrough=direct.passthrough,
