@@ -10,8 +10,8 @@ context starts clean. It never hands out a block outside the configured extent.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,12 +36,17 @@ class ClaimExtent:
 
 @dataclass(frozen=True)
 class ClaimFile:
-    """Create (or return) the page-cache file ``name`` of ``context`` with ``size`` bytes."""
+    """Create (or return) the page-cache file ``name`` of ``context`` with ``size`` bytes.
+
+    ``folder``: the sub-folder it goes in (default ``context-<context>``). A context that
+    holds each layer's files as a holding of their own keeps them in its one folder this way.
+    """
 
     context: int
     name: str
     size: int
     reply: Reply[PageCacheFile]
+    folder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,7 @@ BinderMessage = ClaimExtent | ClaimFile | ReleaseContext | GetBook
 class _ContextHoldings:
     extent: tuple[int, int] | None = None
     files: dict[str, PageCacheFile] = field(default_factory=dict)
+    folder: Path | None = None
 
 
 class BinderActor(Actor[BinderMessage]):
@@ -150,9 +156,11 @@ class BinderActor(Actor[BinderMessage]):
             holdings = self._held.setdefault(message.context, _ContextHoldings())
             target = holdings.files.get(message.name)
             if target is None:
-                folder = self.page_cache_dir / f"context-{message.context}"
+                if holdings.folder is None:
+                    name = message.folder or f"context-{message.context}"
+                    holdings.folder = self.page_cache_dir / name
                 with self.tracer.span(self.name, "create file", file=message.name):
-                    target = self.file_factory(folder / message.name, message.size)
+                    target = self.file_factory(holdings.folder / message.name, message.size)
                 holdings.files[message.name] = target
             message.reply.set(target)
         elif isinstance(message, ReleaseContext):
@@ -195,11 +203,14 @@ class BinderActor(Actor[BinderMessage]):
             # Free the run even if TRIM failed: the data is dead either way.
             if holdings.extent is not None:
                 self.allocator.free(holdings.extent[0])
-            folder = self.page_cache_dir / f"context-{context}"
-            for target in holdings.files.values():
+            for name, target in holdings.files.items():
                 target.close()
-            if holdings.files:
-                shutil.rmtree(folder, ignore_errors=True)
+                assert holdings.folder is not None
+                (holdings.folder / name).unlink(missing_ok=True)
+            # The folder goes with its last file (other holdings may share it).
+            if holdings.folder is not None:
+                with contextlib.suppress(OSError):
+                    holdings.folder.rmdir()
         return Released(trimmed, len(holdings.files))
 
     async def on_stop(self) -> None:
