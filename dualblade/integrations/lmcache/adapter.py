@@ -1,0 +1,278 @@
+"""``DualBladeL2Adapter``: a dualblade store behind LMCache's ``L2AdapterInterface``.
+
+Load it in LMCache's multiprocess server (or ``lmcache bench l2``, or
+``python -m lmcache.v1.basic_check --mode test_l2_adapter``) with::
+
+    {"type": "plugin", "module_path": "dualblade.integrations.lmcache",
+     "class_name": "DualBladeL2Adapter", "adapter_params": {...}}
+
+(``adapter_params``: :mod:`.params`). How it runs: the adapter owns one thread with an event loop
+(an anyio blocking portal), and the store, with its actors and its io_uring ring thread, runs on
+that loop. LMCache's controller threads never wait on I/O: each ``submit_*`` takes a task id and
+hands the work to the loop (no thread per request; a task per key there, and the store's copy
+threads and queue depth bound what is in flight), and the loop records the result and signals
+the kind's eventfd. Objects map to store contexts (:mod:`.object_store`), so the store's budget
+places each one on the page-cache path or the direct path, and evicting or deleting one TRIMs
+its blocks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import AsyncIterator, Callable, Hashable, Mapping
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.from_thread import start_blocking_portal
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
+
+from dualblade.integrations.lmcache.completions import Completions
+from dualblade.integrations.lmcache.object_store import ObjectStore
+from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
+from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
+from dualblade.logs import get_logger
+from dualblade.store import open_store
+
+_log = get_logger(__name__)
+
+
+class AdapterClosedError(RuntimeError):
+    """A task was submitted to an adapter after ``close()``."""
+
+
+class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
+    """An LMCache L2 adapter whose storage is a dualblade store (see the module docstring).
+
+    Args:
+        adapter_params: the plugin spec's ``adapter_params`` (:mod:`.params`); None or ``{}``
+            runs the embedded default on a file under the user's cache directory.
+        l1_memory_desc: LMCache's description of its L1 memory (unused: the adapter moves each
+            object through the store's own buffers).
+        wrap_direct, page_cache_file: passed to :func:`dualblade.open_store` (fault injection
+            in tests: :mod:`dualblade.testing`).
+
+    Raises:
+        AdapterParamsError: bad ``adapter_params``; the message names the key.
+        ConfigError, TargetError, IoUringUnavailableError: the store cannot run here.
+    """
+
+    def __init__(
+        self,
+        adapter_params: Mapping[str, Any] | None = None,
+        l1_memory_desc: Any = None,
+        *,
+        wrap_direct: Callable[[Any], Any] | None = None,
+        page_cache_file: Callable[[Path, int], Any] | None = None,
+    ) -> None:
+        setup = resolve_params(adapter_params)
+        super().__init__(max_capacity_bytes=setup.capacity)
+        self.setup: AdapterSetup = setup
+        self._completions = Completions()
+        self._state = threading.Lock()
+        self._closed = False
+        self._closing = False  # set on the loop: later tasks fail at once
+        self._ops: set[anyio.CancelScope] = set()
+        self._idle: anyio.Event | None = None  # set when the last task ends, while closing
+        self._last_stats: AdapterStats | None = None
+        store_options: dict[str, Any] = {"device": "cpu", "wrap_direct": wrap_direct}
+        if page_cache_file is not None:
+            store_options["page_cache_file"] = page_cache_file
+        exits = contextlib.ExitStack()
+        try:
+            self._portal = exits.enter_context(
+                start_blocking_portal("asyncio", name="dualblade-lmcache")
+            )
+            store = exits.enter_context(
+                self._portal.wrap_async_context_manager(open_store(setup.config, **store_options))
+            )
+        except BaseException:
+            exits.close()
+            self._completions.close()
+            setup.remove_scratch()
+            raise
+        self._exits = exits
+        self.objects = ObjectStore(store, setup.geometry, setup.capacity, self._evicted)
+        _log.info(
+            "lmcache adapter open",
+            capacity=setup.capacity,
+            object_size=setup.geometry.max_object_bytes,
+            direct=str(setup.config.storage.direct.path),
+            policy=setup.config.policy,
+        )
+
+    # -- event fds -------------------------------------------------------------------------------
+    def get_store_event_fd(self) -> int:
+        return self._completions.stores.fd
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return self._completions.lookups.fd
+
+    def get_load_event_fd(self) -> int:
+        return self._completions.loads.fd
+
+    # -- submissions (LMCache's threads) ---------------------------------------------------------
+    def _submit(self, body: Callable[..., Any], *args: Any) -> int:
+        with self._state:
+            if self._closed:
+                raise AdapterClosedError("this DualBladeL2Adapter is closed")
+            task_id = self._completions.next_id()
+            self._portal.start_task_soon(body, task_id, *args)
+        return task_id
+
+    def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
+        return self._submit(self._store, list(keys), list(objects))
+
+    def pop_completed_store_tasks(self) -> dict[int, Any]:
+        return self._completions.pop_all(self._completions.stores)
+
+    def submit_lookup_and_lock_task(
+        self, keys: list[Any], group_layout_descs: Mapping[int, Any] | None = None
+    ) -> int:
+        return self._submit(self._lookup, list(keys))
+
+    def query_lookup_and_lock_result(self, task_id: int) -> Any:
+        return self._completions.take(self._completions.lookups, task_id)
+
+    def submit_unlock(self, keys: list[Any]) -> None:
+        with self._state:
+            if self._closed:
+                return  # nothing is locked any more
+            self._portal.start_task_soon(self.objects.unlock, list(keys))
+
+    def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
+        return self._submit(self._load, list(keys), list(objects))
+
+    def query_load_result(self, task_id: int) -> Any:
+        return self._completions.take(self._completions.loads, task_id)
+
+    def delete(self, keys: list[Any]) -> None:
+        """Delete ``keys`` now (LMCache's eviction): they are gone from lookups when this
+        returns, and their blocks are trimmed (or their files unlinked) once no load reads them.
+        """
+        with self._state:
+            if self._closed:
+                return
+        # Not under the lock: LMCache's listeners, told on the loop, may call back in.
+        with contextlib.suppress(RuntimeError):  # closed meanwhile: the portal has stopped
+            self._portal.call(self._delete, list(keys))
+
+    # -- on the loop -----------------------------------------------------------------------------
+    @contextlib.asynccontextmanager
+    async def _op(self, what: str) -> AsyncIterator[bool]:
+        """Run one task's body: yields False once the adapter is closing (the body then reports
+        a failure without touching the store); a close cancels it; an unexpected error is
+        logged, so that the task still reports and LMCache is not left waiting."""
+        if self._closing:
+            yield False
+            return
+        with anyio.CancelScope() as scope:
+            self._ops.add(scope)
+            try:
+                yield True
+            except Exception:
+                _log.exception("lmcache adapter task failed", task=what)
+            finally:
+                self._ops.discard(scope)
+                if not self._ops and self._idle is not None:
+                    self._idle.set()
+
+    async def _store(self, task_id: int, keys: list[Any], objects: list[Any]) -> None:
+        result = L2StoreResult(False, 0)
+        try:
+            async with self._op("store") as running:
+                if running:
+                    sizes = await self.objects.put_many(keys, objects)
+                    stored = [(k, s) for k, s in zip(keys, sizes, strict=True) if s]
+                    if stored:
+                        self._notify_keys_stored([k for k, _ in stored], [s for _, s in stored])
+                    # one failed key fails the task: LMCache then keeps all of them in L1
+                    ok = all(s is not None for s in sizes)
+                    result = L2StoreResult(ok, sum(s or 0 for s in sizes))
+        finally:
+            self._completions.finish(self._completions.stores, task_id, result)
+
+    async def _lookup(self, task_id: int, keys: list[Any]) -> None:
+        bitmap = Bitmap(len(keys))
+        try:
+            async with self._op("lookup") as running:
+                if running:
+                    for i, found in enumerate(self.objects.lookup_and_lock(keys)):
+                        if found:
+                            bitmap.set(i)
+        finally:
+            self._completions.finish(self._completions.lookups, task_id, bitmap)
+
+    async def _load(self, task_id: int, keys: list[Any], objects: list[Any]) -> None:
+        bitmap = Bitmap(len(keys))
+        try:
+            async with self._op("load") as running:
+                if running:
+                    landed = await self.objects.get_many(keys, objects)
+                    for i, ok in enumerate(landed):
+                        if ok:
+                            bitmap.set(i)
+                    hits = [k for k, ok in zip(keys, landed, strict=True) if ok]
+                    if hits:
+                        self._notify_keys_accessed(hits)
+        finally:
+            self._completions.finish(self._completions.loads, task_id, bitmap)
+
+    async def _delete(self, keys: list[Any]) -> None:
+        async with self._op("delete") as running:
+            if running:
+                gone = await self.objects.remove(keys, evicted=False)
+                if gone:
+                    self._notify_keys_deleted([e.key for e in gone], [e.size for e in gone])
+
+    def _evicted(self, keys: list[Hashable], sizes: list[int]) -> None:
+        self._notify_keys_deleted(keys, sizes)
+
+    async def _shutdown(self) -> None:
+        self._closing = True
+        if self._ops:
+            self._idle = anyio.Event()
+            for scope in list(self._ops):
+                scope.cancel()
+            await self._idle.wait()
+        await self.objects.close()
+        self._last_stats = collect_stats(self)
+
+    # -- observing -------------------------------------------------------------------------------
+    def stats(self) -> AdapterStats:
+        """A typed snapshot: the adapter's objects, hits and failures, and its store's stats.
+        After ``close()``, the last one."""
+        if self._last_stats is None:
+            with contextlib.suppress(RuntimeError):  # closed meanwhile: the portal has stopped
+                return self._portal.call(collect_stats, self)
+        if self._last_stats is None:
+            raise AdapterClosedError("this DualBladeL2Adapter failed to close; it has no stats")
+        return self._last_stats
+
+    def metrics(self) -> dict[str, Any]:
+        """:meth:`stats` as a JSON-ready dict."""
+        return self.stats().to_dict()
+
+    def report_status(self) -> dict[str, Any]:
+        """LMCache's status report: healthy while open, with the metrics."""
+        closed = self._closed
+        return {"is_healthy": not closed, "type": type(self).__name__, **self.metrics()}
+
+    # -- closing ---------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Cancel the tasks in flight (each reports a failure), release every object (TRIM,
+        unlink), stop the store and the loop thread, close the eventfds and remove the scratch
+        folder. Idempotent."""
+        with self._state:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._portal.call(self._shutdown)
+        finally:
+            self._exits.close()
+            self._completions.close()
+            self.setup.remove_scratch()

@@ -1,0 +1,233 @@
+"""Objects by key in a dualblade store: each object is one store context, on the event loop.
+
+Why a context per object: a context is the store's unit of placement and of release. Its plan
+puts its one layer on the page-cache path or the direct path under the store-wide budget; its
+direct bytes are a run of consecutive blocks claimed from the binder; and closing it TRIMs that
+run (or unlinks its page-cache files). So an evicted or deleted object gives its blocks back to
+the device at once, and the store's own counters (bytes per path, page-cache hits, trims) cover
+every object. Everything here runs on the adapter's event-loop thread; nothing here knows
+LMCache (the adapter turns its calls into these).
+
+Failures stay with their key: a store whose write fails (an I/O error, no room) leaves its key
+unstored and its storage released; a load that fails leaves its key's bytes in place for a later
+try. Neither touches another key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from dualblade.integrations.lmcache.index import Entry, ObjectIndex
+from dualblade.integrations.lmcache.objects import (
+    ObjectShapeError,
+    kv_image,
+    object_bytes,
+    unstage,
+)
+from dualblade.integrations.lmcache.params import ObjectGeometry
+from dualblade.logs import get_logger
+from dualblade.store import KVContext, KVStore
+
+_log = get_logger(__name__)
+
+#: Rounds of evicting and retrying when concurrent stores keep taking the room just made.
+_ROOM_TRIES = 16
+
+
+@dataclass
+class Slot:
+    """An object's storage: its open context, and the context manager that closes it."""
+
+    ctx: KVContext
+    scope: contextlib.AbstractAsyncContextManager[KVContext]
+
+    async def close(self) -> None:
+        """TRIM the context's direct run or unlink its files; never interrupted."""
+        with anyio.CancelScope(shield=True):
+            await self.scope.__aexit__(None, None, None)
+
+
+@dataclass
+class TransferCounters:
+    """What stores and loads did; only grows."""
+
+    stored: int = 0
+    stored_bytes: int = 0
+    store_skipped: int = 0  # the key was there already
+    store_failures: int = 0
+    loads: int = 0
+    load_hits: int = 0
+    load_bytes: int = 0
+    load_failures: int = 0
+
+
+#: Told about keys the adapter let go of on its own (evictions): keys and their object sizes.
+DeletedCallback = Callable[[list[Hashable], list[int]], None]
+
+
+class ObjectStore:
+    """Objects by key in ``store``, within ``capacity`` bytes (see the module docstring)."""
+
+    def __init__(
+        self,
+        store: KVStore,
+        geometry: ObjectGeometry,
+        capacity: int,
+        on_evicted: DeletedCallback,
+    ) -> None:
+        self.store = store
+        self.geometry = geometry
+        self.index = ObjectIndex(capacity)
+        self.counters = TransferCounters()
+        self._on_evicted = on_evicted
+
+    # -- store -----------------------------------------------------------------------------------
+    async def put_many(self, keys: Sequence[Hashable], objects: Sequence[Any]) -> list[int | None]:
+        """Store each object under its key, all at once; per key, the bytes stored (0: it was
+        there already) or None (it failed; see the log)."""
+        results: list[int | None] = [None] * len(keys)
+
+        async def one(i: int) -> None:
+            results[i] = await self.put(keys[i], objects[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(keys)):
+                tg.start_soon(one, i)
+        return results
+
+    async def put(self, key: Hashable, obj: Any) -> int | None:
+        """Store one object (see :meth:`put_many`)."""
+        if key in self.index:
+            self.counters.store_skipped += 1
+            return 0
+        try:
+            flat = object_bytes(obj)
+            image = kv_image(flat, self.geometry, fill=True)
+        except ObjectShapeError as error:
+            return self._store_failed(key, "unusable object", error)
+        footprint = 2 * image.rows * self.geometry.row_bytes
+        if not await self._make_room(footprint):
+            self.index.counters.refused_no_room += 1
+            return self._store_failed(key, "no room: the capacity is locked or in flight", None)
+        if key in self.index:  # stored by another task while this one made room
+            self.counters.store_skipped += 1
+            return 0
+        entry = self.index.reserve(key, flat.numel(), footprint)
+        slot: Slot | None = None
+        try:
+            slot = await self._open(image.rows)
+            await slot.ctx.write(0, image.k, image.v)
+        except BaseException as error:
+            if slot is not None:
+                await slot.close()
+            self.index.abandon(entry)
+            if not isinstance(error, Exception):
+                raise  # cancelled: the caller reports it
+            return self._store_failed(key, "write failed", error)
+        self.index.commit(entry, slot, str(slot.ctx.plan.placement.medium_of(0)))
+        self.counters.stored += 1
+        self.counters.stored_bytes += entry.size
+        return entry.size
+
+    def _store_failed(self, key: Hashable, why: str, error: BaseException | None) -> int | None:
+        """Count and log a key that was not stored; None, the key's result."""
+        self.counters.store_failures += 1
+        _log.warning("object not stored", key=str(key), why=why, error=str(error or ""))
+        return None
+
+    async def _open(self, rows: int) -> Slot:
+        # A smaller object gets a context of its own length, so its run and files are its size.
+        scope = (
+            self.store.context()
+            if rows == self.geometry.max_rows
+            else self.store.context(max_len=rows)
+        )
+        ctx = await scope.__aenter__()
+        return Slot(ctx, scope)
+
+    async def _make_room(self, footprint: int) -> bool:
+        """Evict least recently used objects until ``footprint`` fits; False when it cannot
+        (locked, pending and loading objects are never evicted)."""
+        for _ in range(_ROOM_TRIES):
+            victims = self.index.victims(footprint)
+            if victims is None:
+                return False
+            if not victims:
+                return True
+            await self.remove([v.key for v in victims], evicted=True)
+        return False
+
+    # -- look up, lock, load ---------------------------------------------------------------------
+    def lookup_and_lock(self, keys: Sequence[Hashable]) -> list[bool]:
+        """Which keys are stored; those found are locked against eviction until unlocked."""
+        return self.index.lookup_and_lock(keys)
+
+    def unlock(self, keys: Sequence[Hashable]) -> None:
+        self.index.unlock(keys)
+
+    async def get_many(self, keys: Sequence[Hashable], objects: Sequence[Any]) -> list[bool]:
+        """Load each key's bytes into its object, all at once; per key, whether it landed."""
+        results = [False] * len(keys)
+
+        async def one(i: int) -> None:
+            results[i] = await self.get(keys[i], objects[i])
+
+        async with anyio.create_task_group() as tg:
+            for i in range(len(keys)):
+                tg.start_soon(one, i)
+        return results
+
+    async def get(self, key: Hashable, obj: Any) -> bool:
+        """Load one key into ``obj`` (see :meth:`get_many`)."""
+        self.counters.loads += 1
+        entry = self.index.start_read(key)
+        if entry is None:
+            return False
+        try:
+            flat = object_bytes(obj)
+            if flat.numel() != entry.size:
+                raise ObjectShapeError(
+                    f"the load buffer holds {flat.numel()} bytes; the object has {entry.size}"
+                )
+            image = kv_image(flat, self.geometry, fill=False)
+            await entry.slot.ctx.read(0, out=(image.k, image.v))
+            unstage(image, flat)
+        except Exception as error:
+            self.counters.load_failures += 1
+            _log.warning("object not loaded", key=str(key), error=str(error))
+            return False
+        finally:
+            if self.index.finish_read(entry):
+                await self._release(entry)
+        self.counters.load_hits += 1
+        self.counters.load_bytes += entry.size
+        return True
+
+    # -- let go ----------------------------------------------------------------------------------
+    async def remove(self, keys: Sequence[Hashable], *, evicted: bool) -> list[Entry]:
+        """Take ``keys`` out (unknown ones are skipped) and release their storage, at once or
+        after the loads still reading them; evictions are reported to ``on_evicted``."""
+        gone = [e for e in (self.index.remove(k, evicted=evicted) for k in keys) if e is not None]
+        if evicted and gone:
+            self._on_evicted([e.key for e in gone], [e.size for e in gone])
+        for entry in gone:
+            if entry.readers == 0:
+                await self._release(entry)
+        return gone
+
+    async def _release(self, entry: Entry) -> None:
+        await entry.slot.close()
+        self.index.released(entry)
+
+    async def close(self) -> list[Entry]:
+        """Release every stored object (call once no store or load runs); returns them."""
+        gone = self.index.drain()
+        for entry in gone:
+            if entry.readers == 0:
+                await self._release(entry)
+        return gone
