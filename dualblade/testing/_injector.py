@@ -37,14 +37,16 @@ class Injector:
         self.log = log
         self.window: tuple[int, int] | None = None
 
-    def _inject(self, op: str, offset: int, length: int) -> InjectedFault | None:
+    def _inject(
+        self, op: str, offset: int, length: int, *, short_ok: bool = True
+    ) -> InjectedFault | None:
         window = self.window
         if window is not None and not window[0] <= offset < window[1]:
             return None
         kind = self.policy.decide(op)
         if kind is None:
             return None
-        if kind is FaultKind.SHORT and self._short(length) == 0:
+        if kind is FaultKind.SHORT and (not short_ok or self._short(length) == 0):
             return None  # a single-LBA chunk cannot come back short in whole LBAs
         return self.log.record(kind, self.name, op, offset, length)
 
@@ -80,6 +82,20 @@ class Injector:
             time.sleep(self.policy.slow_s)
             return moved
         return self._short(moved) or moved
+
+    def on_sync(self, op: str, offset: int, length: int) -> None:
+        """A page-cache file's write-back (``op``), before the real call: a hard fault fails
+        it, a slow one delays it, a short one does not apply.
+
+        Raises:
+            InjectedIOError: a hard fault hit the write-back.
+        """
+        fault = self._inject(op, offset, length, short_ok=False)
+        if fault is None:
+            return
+        if fault.kind.hard:
+            raise self._error(fault)
+        time.sleep(self.policy.slow_s)
 
     def on_call(
         self, op: str, view: memoryview, offset: int, call: Callable[[memoryview, int], int]

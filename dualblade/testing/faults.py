@@ -9,9 +9,10 @@ The kinds:
 
 - ``eio`` / ``enospc``: the chunk fails with :class:`InjectedIOError` (an
   :class:`~dualblade.io_engine.IOFailedError`, errno ``EIO`` / ``ENOSPC``; ``enospc`` on writes
-  only). On the ring the kernel did move the bytes and the failure is reported on completion; in
-  the compatibility engine the syscall is skipped. Callers cannot tell, and must not rely on
-  either.
+  and write-backs only). A page-cache file's write-back (``fdatasync`` / ``sync_file_range``)
+  fails the same way, before the real call. On the ring the kernel did move the bytes and
+  the failure is reported on completion; in the compatibility engine the syscall is skipped.
+  Callers cannot tell, and must not rely on either.
 - ``short``: the chunk reports half of what it moved (whole LBAs, at least one), so the engine
   must resubmit the rest.
 - ``slow``: the completion is held back for ``slow_s`` seconds (on the ring this stalls the ring
@@ -67,6 +68,8 @@ class FaultPolicy:
         seed: seeds the generator (the sequence of decisions, not their timing, is repeatable).
         kinds: the faults to pick from, uniformly (``enospc`` is skipped on reads).
         slow_s: how long a ``slow`` completion is held back.
+        ops: the operations that may get faults (``read``, ``write``, ``write-back``: a
+            page-cache file's ``fdatasync`` / ``sync_file_range``); None: all of them.
 
     Raises:
         ValueError: a rate outside ``[0, 1]``, no kinds, or a negative delay.
@@ -79,6 +82,7 @@ class FaultPolicy:
         seed: int = 0,
         kinds: tuple[FaultKind, ...] = tuple(FaultKind),
         slow_s: float = 0.002,
+        ops: tuple[str, ...] | None = None,
     ) -> None:
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"fault rate must be in [0, 1], got {rate}")
@@ -89,18 +93,20 @@ class FaultPolicy:
         self.rate = rate
         self.kinds = kinds
         self.slow_s = slow_s
+        self.ops = ops
         self.enabled = True
         self._random = random.Random(seed)
         self._lock = threading.Lock()
 
     def decide(self, op: str) -> FaultKind | None:
-        """The fault for the next chunk of ``op`` (``read``/``write``), or None."""
-        if not self.enabled or not self.rate:
+        """The fault for the next chunk of ``op`` (``read``/``write``/``write-back``), or None."""
+        if not self.enabled or not self.rate or (self.ops is not None and op not in self.ops):
             return None
         with self._lock:
             if self._random.random() >= self.rate:
                 return None
-            choices = [k for k in self.kinds if op == "write" or k is not FaultKind.ENOSPC]
+            writes = op in ("write", "write-back")
+            choices = [k for k in self.kinds if writes or k is not FaultKind.ENOSPC]
             return self._random.choice(choices) if choices else None
 
 

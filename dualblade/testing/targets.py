@@ -128,8 +128,10 @@ class FaultyPageCacheFile(PageCacheFile):
     """A page-cache file (Group 1) whose transfers get faults by ``policy``, into ``log``.
 
     A subclass rather than a wrapper: the page-cache path also uses the file's own page-cache
-    calls (``mincore`` residency, ``fadvise``, ``fdatasync``, the baseline's ``mmap``), which
-    stay real. The store makes them when given a factory of them as its ``page_cache_file``.
+    calls (``mincore`` residency, ``fadvise``, the baseline's ``mmap``), which stay real. Its
+    write-backs (``flush``, ``write_back``, ``check_write_back``) get faults too, op
+    ``write-back``, before the real call: a disk that cannot take the dirty pages. The store
+    makes them when given a factory of them as its ``page_cache_file``.
     """
 
     def __init__(
@@ -147,3 +149,15 @@ class FaultyPageCacheFile(PageCacheFile):
 
     def pwrite_blocking(self, view: memoryview, offset: int) -> int:
         return self._injector.on_call("write", view, offset, super().pwrite_blocking)
+
+    def flush(self) -> None:
+        self._injector.on_sync("write-back", 0, self.size)
+        super().flush()
+
+    def write_back(self, offset: int, length: int) -> None:
+        self._injector.on_sync("write-back", offset, length)
+        super().write_back(offset, length)
+
+    def check_write_back(self) -> None:
+        self._injector.on_sync("write-back", 0, self.size)
+        super().check_write_back()
