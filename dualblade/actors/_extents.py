@@ -85,6 +85,10 @@ class ExtentAllocator:
             if prev_start + prev_len == cur_start:
                 self._free[index - 1] = (prev_start, prev_len + cur_len)
                 del self._free[index]
+        if self.growable and self._free[-1][0] + self._free[-1][1] == self.end:
+            # A growable region ends at its last run in use: a run given back at the end (or a
+            # claim that found no room to grow the file) must not make the next claim grow it.
+            self.end = self._free.pop()[0]
         return length
 
     @property

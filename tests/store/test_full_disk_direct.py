@@ -79,3 +79,30 @@ async def test_enospc_at_a_direct_write_fails_that_write_only(
         if error.errno == errno.EINVAL:
             pytest.skip(f"this kernel's tmpfs refuses O_DIRECT: {error}")
         raise
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compat", ["off", "on"])
+async def test_enospc_at_a_claim_fails_that_context_only(
+    mount_tmpfs: MountTmpfs,
+    make_config: MakeConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    compat: str,
+) -> None:
+    monkeypatch.setenv("DUALBLADE_COMPAT", compat)
+    small = mount_tmpfs("512k")  # a 640 KiB run does not fit; a 2-row context's 64 KiB does
+    config = make_config("direct", "aligned", direct={"path": str(small / "direct.kv")})
+    async with open_store(config, device="cpu") as store:
+        async with store.context() as ctx:
+            k, v = random_kv(config, 20, seed=1)
+            with pytest.raises(IOFailedError) as caught:
+                await ctx.write(0, k, v)
+            assert caught.value.errno == errno.ENOSPC
+            assert caught.value.op == "allocate"
+            assert store.stats().extents_held == 0  # the run was given back at once
+        async with store.context(max_len=2) as ctx:
+            k, v = random_kv(config, 2, seed=2)
+            await ctx.write(1, k, v)
+            got_k, _ = await ctx.read(1)
+            assert torch.equal(got_k, k)
+        assert store.stats().extents_held == 0

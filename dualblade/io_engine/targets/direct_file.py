@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from dualblade.io_engine import _uapi, opcodes
-from dualblade.io_engine.errors import TargetError
+from dualblade.io_engine.errors import IOFailedError, TargetError
 from dualblade.io_engine.targets._private_dirs import make_private_dirs
 from dualblade.io_engine.targets.base import Target
 
@@ -73,7 +73,9 @@ class DirectFile(Target):
         """Preallocate up to ``size`` bytes (rounded up to 4 KiB); never shrinks.
 
         Raises:
-            TargetError: the file system has no room.
+            IOFailedError: the file system has no room (errno ENOSPC, op ``allocate``): the
+                error a write that finds no room raises, so a full disk is one kind of failure
+                wherever a context meets it.
         """
         size = -(-size // self.lba_size) * self.lba_size
         if size <= self.size:
@@ -81,8 +83,13 @@ class DirectFile(Target):
         try:
             os.posix_fallocate(self.fd, 0, size)
         except OSError as error:
-            raise TargetError(
-                f"cannot grow {self.name} to {size} bytes: {error.strerror}"
+            raise IOFailedError(
+                self.name,
+                "allocate",
+                self.size,
+                size - self.size,
+                errno=error.errno,
+                detail=f"cannot grow the file to {size} bytes",
             ) from error
         self.size = size
 
