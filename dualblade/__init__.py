@@ -30,6 +30,9 @@ _EXPORTS: dict[str, str] = {
     "KVContext": "dualblade.store",
     "StoreStats": "dualblade.store",
     "ReadBuffers": "dualblade.store",
+    "SharePolicy": "dualblade.store",
+    "FairShares": "dualblade.store",
+    "FirstComeShares": "dualblade.store",
     "BlockingStore": "dualblade.store",
     "BlockingContext": "dualblade.store",
     "KVShapeError": "dualblade.store",
@@ -71,11 +74,14 @@ if TYPE_CHECKING:
     from dualblade.store import BlockingContext as BlockingContext
     from dualblade.store import BlockingStore as BlockingStore
     from dualblade.store import ContextClosedError as ContextClosedError
+    from dualblade.store import FairShares as FairShares
+    from dualblade.store import FirstComeShares as FirstComeShares
     from dualblade.store import KVContext as KVContext
     from dualblade.store import KVShapeError as KVShapeError
     from dualblade.store import KVStore as KVStore
     from dualblade.store import LayerLostError as LayerLostError
     from dualblade.store import ReadBuffers as ReadBuffers
+    from dualblade.store import SharePolicy as SharePolicy
     from dualblade.store import StoreStats as StoreStats
     from dualblade.store import open_store as open_store
     from dualblade.store import open_store_blocking as open_store_blocking

@@ -82,8 +82,10 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
     start = time.monotonic()
     sampler = MemorySampler(start)
     sampler.take()
+    # No live re-planning: each fault must land on one context's own operation, and a layer
+    # move is the store's (the --pressure mode will soak the moves and attribute their faults).
     async with open_store(
-        config, device="cpu", wrap_direct=wrap, page_cache_file=page_cache_file
+        config, device="cpu", wrap_direct=wrap, page_cache_file=page_cache_file, replan=False
     ) as store:
         soak = Soak(store, log, options, start + options.seconds)
 

@@ -10,7 +10,9 @@ layer's medium to the span that moves it. Code above the store reads ``KVStore.s
 - :mod:`.media`: the medium -> span table;
 - :mod:`.runtime`, :mod:`.direct_target`, :mod:`.copy_thread_pool`: starting and wiring it all;
 - :mod:`.stats`: the typed snapshot; :mod:`.blocking`: the facade for synchronous callers;
-- :mod:`.dtypes`: dtype names and torch dtypes; :mod:`.errors`: what a context raises.
+- :mod:`.dtypes`: dtype names and torch dtypes; :mod:`.errors`: what a context raises;
+- :mod:`.residency_ledger`, :mod:`.share_policy`, :mod:`.replanner`, :mod:`.layer_moves`,
+  :mod:`.context_storage`: one page-cache budget for all contexts, and live re-planning.
 """
 
 from dualblade.store.blocking import BlockingContext as BlockingContext
@@ -26,5 +28,10 @@ from dualblade.store.errors import LayerLostError as LayerLostError
 from dualblade.store.kv_store import KVStore as KVStore
 from dualblade.store.kv_store import open_store as open_store
 from dualblade.store.read_buffers import ReadBuffers as ReadBuffers
+from dualblade.store.residency_ledger import LedgerSnapshot as LedgerSnapshot
+from dualblade.store.share_policy import ContextDemand as ContextDemand
+from dualblade.store.share_policy import FairShares as FairShares
+from dualblade.store.share_policy import FirstComeShares as FirstComeShares
+from dualblade.store.share_policy import SharePolicy as SharePolicy
 from dualblade.store.stats import CoDmaStats as CoDmaStats
 from dualblade.store.stats import StoreStats as StoreStats

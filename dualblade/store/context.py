@@ -22,12 +22,9 @@ import anyio
 import torch
 
 from dualblade.actors import (
-    ClaimExtent,
-    ClaimFile,
     Landing,
     Load,
     PathCounters,
-    ReleaseContext,
     Reply,
     RowView,
     Store,
@@ -37,23 +34,22 @@ from dualblade.actors import (
 from dualblade.io_engine import IOEngine, PageCacheFile, Target
 from dualblade.logs import get_logger
 from dualblade.pipeline import (
-    BlockCount,
     ByteCount,
     KpuId,
-    Lba,
     LbaMap,
     Medium,
     Plan,
-    Region,
     RowRange,
     TensorKind,
     TensorLayout,
 )
+from dualblade.store.context_storage import ContextHoldings
 from dualblade.store.dtypes import torch_dtype
 from dualblade.store.errors import ContextClosedError, KVShapeError, LayerLostError
+from dualblade.store.layer_moves import LayerMover, layer_move
 from dualblade.store.media import SPAN_MAKERS, PlacedSpan
 from dualblade.store.read_buffers import ReadBuffers
-from dualblade.store.tensor_shape import KVTensorShape
+from dualblade.store.tensor_shape import KVTensorShape, requested_rows
 
 if TYPE_CHECKING:
     from dualblade.store.kv_store import KVStore
@@ -81,9 +77,19 @@ class KVContext:
         self.file_layout = TensorLayout(self.max_len, plan.layout.row_bytes, ByteCount(1))
         self._lengths = [0] * self.num_layers
         self._lost: set[int] = set()  # layers whose last write failed or was cancelled
-        self._lba_map: LbaMap | None = None
-        self._map_lock = anyio.Lock()
-        self._files: dict[KpuId, PageCacheFile] = {}
+        # Each layer's medium now: the plan's, until the store's re-planner moves the layer.
+        self._media = list(plan.placement.media)
+        # A layer's transfers and its moves exclude each other; other layers go on.
+        self._layer_locks = [anyio.Lock() for _ in range(self.num_layers)]
+        self._moving = anyio.Lock()  # held by a move; close() waits for it
+        self._storage = ContextHoldings(
+            self._runtime,
+            context_id,
+            store.holding_ids,
+            self.direct_layout,
+            self.file_layout,
+            plan.placement.direct,
+        )
         self._closed = False
         self.log = _log.bind(store=store.name, context=context_id)
 
@@ -106,7 +112,12 @@ class KVContext:
     @property
     def resident_layers(self) -> int:
         """Layers whose pages stay cached (the rest are direct, or dropped after each use)."""
-        return self.plan.placement.media.count(Medium.PAGE_CACHE)
+        return self._media.count(Medium.PAGE_CACHE)
+
+    @property
+    def media(self) -> tuple[Medium, ...]:
+        """Each layer's medium now (the plan's, or where the store's re-planner moved it)."""
+        return tuple(self._media)
 
     # -- what the span makers need (see media.ContextStorage) --------------------------------
     @property
@@ -146,34 +157,23 @@ class KVContext:
 
     # -- storage -----------------------------------------------------------------------------
     async def direct_map(self) -> LbaMap:
-        """The LBA map of this context's direct KPUs, claimed from the binder on first use."""
-        async with self._map_lock:
-            if self._lba_map is None:
-                direct_layers = self.plan.placement.direct
-                tensors = [
-                    (KpuId(layer, t), self.direct_layout.image_bytes)
-                    for layer in direct_layers
-                    for t in ("K", "V")
-                ]
-                blocks = sum(n for _, n in tensors) // self.direct_layout.lba_size
-                reply: Reply[int] = Reply()
-                first = await self._runtime.binder.ask(ClaimExtent(self.id, blocks, reply), reply)
-                region = Region(Lba(first), BlockCount(blocks))
-                self._lba_map = LbaMap.bind(tensors, region, self.direct_layout.lba_size)
-            return self._lba_map
+        """The LBA map of the run that holds the plan's direct KPUs, claimed on first use."""
+        return await self._storage.shared_map()
+
+    async def layer_direct_map(self, layer: int) -> LbaMap:
+        """The map that holds ``layer``'s direct KPUs (its own run if it was moved there)."""
+        return await self._storage.direct_map(layer)
 
     async def file(self, kpu: KpuId) -> PageCacheFile:
         """The KPU's page-cache file, created by the binder on first use, then remembered."""
-        file = self._files.get(kpu)
-        if file is None:
-            reply: Reply[PageCacheFile] = Reply()
-            claim = ClaimFile(self.id, str(kpu), self.file_layout.image_bytes, reply)
-            file = await self._runtime.binder.ask(claim, reply)
-            self._files[kpu] = file
-        return file
+        return await self._storage.file(kpu)
+
+    def page_cache_files(self) -> list[PageCacheFile]:
+        """The page-cache files this context holds now (read-only use: residency, floors)."""
+        return self._storage.files()
 
     async def _placed(self, layer: int, tensor: TensorKind, rows: RowRange) -> tuple[Any, RowView]:
-        medium = self.plan.placement.medium_of(layer)
+        medium = self._media[layer]
         placed: PlacedSpan = await SPAN_MAKERS[medium](self, KpuId(layer, tensor), rows)
         layout = placed.layout
         view = RowView(
@@ -255,14 +255,17 @@ class KVContext:
         if not 0 < rows <= self.max_len:
             raise KVShapeError(f"write of {rows} rows; a context holds 1..{self.max_len} rows")
         span = RowRange(0, rows)
-        try:
-            await self._both(lambda t: self._store_message(layer, t, span, k if t == "K" else v))
-        except BaseException:
-            # Some rows may hold new bytes and some old ones; never serve the mix.
-            self._lost.add(layer)
-            raise
-        self._lost.discard(layer)
-        self._lengths[layer] = rows
+        async with self._layer_locks[layer]:
+            try:
+                await self._both(
+                    lambda t: self._store_message(layer, t, span, k if t == "K" else v)
+                )
+            except BaseException:
+                # Some rows may hold new bytes and some old ones; never serve the mix.
+                self._lost.add(layer)
+                raise
+            self._lost.discard(layer)
+            self._lengths[layer] = rows
 
     async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
         """Append one row (a decode step's K and V); returns the layer's new length.
@@ -275,19 +278,20 @@ class KVContext:
             LayerLostError: an earlier write of the layer failed or was cancelled.
         """
         self._check_layer(layer)
-        self._check_intact(layer)
         k_row = self.tensor_shape.normalize("k_row", k_row, 1)
         v_row = self.tensor_shape.normalize("v_row", v_row, 1)
-        t = self._lengths[layer]
-        if t >= self.max_len:
-            raise KVShapeError(
-                f"layer {layer} already holds {self.max_len} rows (prompt + max new tokens)"
+        async with self._layer_locks[layer]:
+            self._check_intact(layer)
+            t = self._lengths[layer]
+            if t >= self.max_len:
+                raise KVShapeError(
+                    f"layer {layer} already holds {self.max_len} rows (prompt + max new tokens)"
+                )
+            span = RowRange.row(t)
+            await self._both(
+                lambda kind: self._store_message(layer, kind, span, k_row if kind == "K" else v_row)
             )
-        span = RowRange.row(t)
-        await self._both(
-            lambda kind: self._store_message(layer, kind, span, k_row if kind == "K" else v_row)
-        )
-        self._lengths[layer] = t + 1
+            self._lengths[layer] = t + 1
         return t + 1
 
     def read_buffers(self) -> ReadBuffers:
@@ -322,22 +326,7 @@ class KVContext:
         """
         self._check_layer(layer)
         self._check_intact(layer)
-        written = self._lengths[layer]
-        if rows is None:
-            start, stop = 0, written
-        elif (
-            isinstance(rows, tuple | list)
-            and len(rows) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) for x in rows)
-        ):
-            start, stop = rows
-        else:
-            raise KVShapeError(f"rows must be a (start, stop) pair of ints, got {rows!r}")
-        if not 0 <= start < stop <= written:
-            raise KVShapeError(
-                f"rows [{start}, {stop}) of layer {layer} were never written "
-                f"(it holds rows [0, {written}))"
-            )
+        start, stop = requested_rows(rows, self._lengths[layer], layer)
         shape = (stop - start, self.batch, self.width)
         device = self._runtime.device
         landings: tuple[Landing | None, Landing | None] = (None, None)
@@ -350,21 +339,61 @@ class KVContext:
         else:
             k, v = self.tensor_shape.out_views(out, shape[0], device)
         span = RowRange(start, stop)
-        await self._both(
-            lambda t: self._load_message(
-                layer, t, span, *((k, landings[0]) if t == "K" else (v, landings[1]))
+        async with self._layer_locks[layer]:
+            self._check_intact(layer)
+            await self._both(
+                lambda t: self._load_message(
+                    layer, t, span, *((k, landings[0]) if t == "K" else (v, landings[1]))
+                )
             )
-        )
         return k, v
+
+    async def move_layer(self, layer: int, medium: Medium) -> bool:
+        """Move a layer to ``medium`` between its uses (the store's re-planner calls this).
+
+        The layer's rows are read from where they are, written to the new medium, and only
+        then is the old storage given back (its pages dropped, its blocks trimmed); a failed
+        move leaves the layer where it was. Transfers of this layer wait for the move (at most
+        one layer's read and write); other layers' go on. Returns False when there was nothing
+        to move (already there, or the context closed).
+
+        Raises:
+            IOFailedError, TargetError: the move's read or write failed (the layer stays).
+        """
+        async with self._moving, self._layer_locks[layer]:
+            old = self._media[layer]
+            if self._closed or old is medium:
+                return False
+            await layer_move(self._mover(layer), old, medium)
+            return True
+
+    def _mover(self, layer: int) -> LayerMover:
+        rows = 0 if layer in self._lost else self._lengths[layer]
+
+        async def copy(old: Medium, new: Medium) -> None:
+            span = RowRange(0, rows)
+            shape = (rows, self.batch, self.width)
+            device = self._runtime.device
+            k, v = (torch.empty(shape, dtype=self.dtype, device=device) for _ in "KV")
+            await self._both(
+                lambda t: self._load_message(layer, t, span, k if t == "K" else v, None)
+            )
+            self._media[layer] = new
+            await self._both(lambda t: self._store_message(layer, t, span, k if t == "K" else v))
+
+        def switch(medium: Medium) -> None:
+            self._media[layer] = medium
+
+        return LayerMover(layer, rows, self._storage, copy, switch)
 
     async def close(self) -> None:
         """Deallocate the context's storage (TRIM its direct run, unlink its files)."""
         if self._closed:
             return
-        self._closed = True
-        reply: Reply[Any] = Reply()
         with anyio.CancelScope(shield=True):
-            released = await self._runtime.binder.ask(ReleaseContext(self.id, reply), reply)
+            async with self._moving:  # a move in progress ends first
+                self._closed = True
+                released = await self._storage.release_all()
         self.log.debug(
             "context released", trimmed_blocks=released.trimmed_blocks, files=released.files
         )

@@ -12,21 +12,21 @@ from __future__ import annotations
 import dataclasses
 
 from dualblade.errors import ConfigError
-from dualblade.pipeline import PageCacheBudget, PipelineConfig, Plan, config_for_model, make_plan
+from dualblade.pipeline import PipelineConfig, config_for_model
 from dualblade.pipeline import pin_bytes as kpu_buffer_bytes
 from dualblade.store.errors import KVShapeError
 
 
-def context_plan(
+def context_config(
     config: PipelineConfig,
-    budget: PageCacheBudget,
     buffer_bytes: int,
     *,
     batch: int | None,
     max_len: int | None,
     dtype: str | None,
-) -> Plan:
-    """The plan of a context of this shape (None: the store's), under ``budget``.
+) -> PipelineConfig:
+    """The config of a context of this shape (None: the store's); the store plans it under
+    the context's share of the budget.
 
     Raises:
         KVShapeError: a value that is not positive, a dtype the store cannot hold, or a shape
@@ -40,7 +40,7 @@ def context_plan(
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise KVShapeError(f"a context's {name} must be a positive int, got {value!r}")
     try:
-        context_config = config_for_model(
+        shaped = config_for_model(
             config,
             dataclasses.replace(shape, dtype=shape.dtype if dtype is None else dtype),  # type: ignore[arg-type]
             batch=want_batch,
@@ -50,12 +50,12 @@ def context_plan(
         )
     except ConfigError as error:
         raise KVShapeError(str(error)) from None
-    needed = kpu_buffer_bytes(context_config)
+    needed = kpu_buffer_bytes(shaped)
     if needed > buffer_bytes:
         raise KVShapeError(
-            f"a context of batch {want_batch}, {want_len} rows of {context_config.shape().dtype} "
+            f"a context of batch {want_batch}, {want_len} rows of {shaped.shape().dtype} "
             f"has {needed}-byte KPUs; this store's copy threads hold {buffer_bytes} bytes (its "
             f"workload: batch {workload.batch}, {workload.max_len} rows): open the store with "
             "the largest shape its contexts will have"
         )
-    return make_plan(context_config, budget)
+    return shaped

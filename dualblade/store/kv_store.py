@@ -17,6 +17,7 @@ memory-mapped files (FlexLLMGen's path). The plan says which medium each layer g
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,6 +28,7 @@ import anyio
 import torch
 
 from dualblade.actors import (
+    Budget,
     GetStrategy,
     IterationEnd,
     IterationStart,
@@ -34,12 +36,15 @@ from dualblade.actors import (
     Reply,
     StrategyName,
 )
-from dualblade.errors import ConfigError
+from dualblade.errors import ConfigError, plain_errors
 from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, Target
-from dualblade.pipeline import PipelineConfig, Plan
+from dualblade.pipeline import PipelineConfig, Plan, layer_page_cache_bytes, make_plan
 from dualblade.store.context import KVContext
-from dualblade.store.context_shape import context_plan
+from dualblade.store.context_shape import context_config
+from dualblade.store.replanner import BUDGETED_MEDIA, Replanner
+from dualblade.store.residency_ledger import ResidencyLedger
 from dualblade.store.runtime import Runtime, start_runtime
+from dualblade.store.share_policy import SharePolicy
 from dualblade.store.stats import StoreStats, collect_stats
 from dualblade.telemetry import NULL_TRACER, Tracer
 
@@ -57,13 +62,29 @@ class KVStore:
 
     _ids = itertools.count(1)
 
-    def __init__(self, config: PipelineConfig, runtime: Runtime) -> None:
+    def __init__(
+        self,
+        config: PipelineConfig,
+        runtime: Runtime,
+        share_policy: SharePolicy | None = None,
+        *,
+        replan: bool = True,
+    ) -> None:
         self.config = config
         self.runtime = runtime
         self.name = f"store-{next(self._ids)}"
         self._context_ids = itertools.count(1)
+        #: numbers of the binder holdings a context takes besides its own (per-layer files,
+        #: runs of layers moved to the direct path): far above any context's number
+        self.holding_ids = itertools.count(1 << 32)
         self.open_contexts = 0
         self._step = 0
+        self._budget_cap: int | None = None
+        self.ledger = ResidencyLedger(self._ledger_budget(), share_policy)
+        self._contexts: dict[int, KVContext] = {}
+        self.replanner = Replanner(self.ledger, self._contexts)
+        self.replanner.enabled = replan
+        runtime.budgeter.subscribe(self._on_budget)
 
     @property
     def device(self) -> torch.device:
@@ -98,23 +119,78 @@ class KVStore:
             KVShapeError: a shape whose KPUs do not fit the store's copy-thread buffers, or an
                 invalid value.
         """
-        plan = self.runtime.plan
-        if (batch, max_len, dtype) != (None, None, None):
-            plan = context_plan(
-                self.config,
-                plan.budget,
-                self.runtime.buffers[0].size,
-                batch=batch,
-                max_len=max_len,
-                dtype=dtype,
-            )
-        ctx = KVContext(self, next(self._context_ids), plan)
+        context = next(self._context_ids)
+        plan = self._plan_context(context, batch, max_len, dtype)
+        ctx = KVContext(self, context, plan)
+        self._contexts[context] = ctx
         self.open_contexts += 1
         try:
             yield ctx
         finally:
             self.open_contexts -= 1
-            await ctx.close()
+            del self._contexts[context]
+            try:
+                await ctx.close()
+            finally:
+                # Its files are unlinked: its pages are gone, its share goes to the others.
+                self.ledger.unregister(context)
+                self.replanner.wake()
+
+    def _plan_context(
+        self, context: int, batch: int | None, max_len: int | None, dtype: str | None
+    ) -> Plan:
+        """The context's plan: its shape, and (dual, cache-policy) its admitted share of the
+        store's page-cache budget, charged to the ledger before any byte is placed."""
+        config = self.config
+        if (batch, max_len, dtype) != (None, None, None):
+            config = context_config(
+                config, self.runtime.buffers[0].size, batch=batch, max_len=max_len, dtype=dtype
+            )
+        budget = self.runtime.plan.budget
+        if config.policy not in BUDGETED_MEDIA:
+            return make_plan(config, budget)
+        layer_bytes = tuple(layer_page_cache_bytes(config))
+        self.ledger.register(context, layer_bytes)
+        try:
+            admitted = self.ledger.admit(context)
+            share = sum(layer_bytes[:admitted])
+            plan = make_plan(
+                config, dataclasses.replace(budget, page_cache_bytes=share, knob_x_bytes=share)
+            )
+            for layer in range(admitted):
+                self.ledger.charge(context, layer)
+        except BaseException:
+            self.ledger.unregister(context)
+            raise
+        self.replanner.wake()
+        return plan
+
+    # -- the budget ----------------------------------------------------------------------------
+    def _ledger_budget(self) -> int:
+        x = self.runtime.plan.budget.knob_x_bytes
+        return x if self._budget_cap is None else min(x, self._budget_cap)
+
+    async def _on_budget(self, budget: Budget) -> None:
+        self.ledger.set_budget(self._ledger_budget())
+        self.replanner.wake()
+
+    def set_page_cache_budget(self, nbytes: int | None) -> None:
+        """Cap the page-cache budget the contexts share at ``nbytes`` (None: no cap; the
+        budgeter's reading holds). Live contexts are re-planned to it: an operator (or a test)
+        squeezes or frees the store's page cache without changing the cgroup.
+
+        Raises:
+            ConfigError: a negative cap.
+        """
+        if nbytes is not None and (isinstance(nbytes, bool) or nbytes < 0):
+            raise ConfigError(f"a page-cache budget cap must be >= 0 bytes, got {nbytes!r}")
+        self._budget_cap = nbytes
+        self.ledger.set_budget(self._ledger_budget())
+        self.replanner.wake()
+
+    async def replanned(self) -> None:
+        """Wait until every live context holds the page-cache share the policy gives it."""
+        await self.replanner.settled()
 
     @contextlib.asynccontextmanager
     async def iteration(self) -> AsyncIterator[StrategyName]:
@@ -146,7 +222,7 @@ class KVStore:
     def stats(self) -> StoreStats:
         """A typed snapshot of the store (see :class:`StoreStats`); call it on the store's
         event loop. It stays readable after the store has closed (its last counters)."""
-        return collect_stats(self.runtime, self.name, self.open_contexts)
+        return collect_stats(self.runtime, self.name, self.open_contexts, self.ledger.snapshot())
 
     def metrics(self) -> dict[str, Any]:
         """:meth:`stats` as a JSON-ready dict, for an application to read or export."""
@@ -164,6 +240,11 @@ class KVStore:
             metrics.set("page_cache_hit_rate", stats.page_cache_hit_rate)
         metrics.set("page_cache_budget_bytes", stats.page_cache_budget_bytes)
         metrics.set("open_contexts", stats.open_contexts)
+        ledger = stats.ledger
+        metrics.set("ledger_budget_bytes", ledger.budget_bytes, "page-cache budget contexts share")
+        metrics.set("ledger_placed_bytes", ledger.placed_bytes, "page-cache bytes contexts hold")
+        metrics.set("ledger_demotions", ledger.demotions, "layers moved off the page cache")
+        metrics.set("ledger_promotions", ledger.promotions, "layers moved onto the page cache")
         return metrics.prometheus()
 
     def observe_chunks(self, observer: ChunkObserver) -> None:
@@ -199,6 +280,8 @@ async def open_store(
     memory_limit: int | None = None,
     wrap_direct: Callable[[Target], Target] | None = None,
     page_cache_file: Callable[[Path, int], PageCacheFile] = PageCacheFile,
+    share_policy: SharePolicy | None = None,
+    replan: bool = True,
 ) -> AsyncIterator[KVStore]:
     """Start a store for ``config`` (see the module docstring).
 
@@ -208,6 +291,10 @@ async def open_store(
         memory_limit: plan against this limit instead of the discovered one.
         wrap_direct: wraps the opened direct target (fault injection: :mod:`dualblade.testing`).
         page_cache_file: makes page-cache files from path and size (fault injection too).
+        share_policy: how live contexts share the page-cache budget (default
+            :class:`FairShares`; :class:`FirstComeShares` never moves a layer for a newcomer).
+        replan: move live contexts' layers when the budget or the set of contexts changes
+            (False: each context keeps the share it was admitted with).
 
     Raises:
         ConfigError, TargetError, IoUringUnavailableError: the config cannot run here; the
@@ -222,4 +309,11 @@ async def open_store(
         wrap_direct=wrap_direct,
         page_cache_file=page_cache_file,
     ) as runtime:
-        yield KVStore(config, runtime)
+        store = KVStore(config, runtime, share_policy, replan=replan)
+        with plain_errors():
+            async with anyio.create_task_group() as tg:
+                await tg.start(store.replanner.run)
+                try:
+                    yield store
+                finally:
+                    tg.cancel_scope.cancel()

@@ -30,7 +30,7 @@ class ContextStorage(Protocol):
     def direct_layout(self) -> TensorLayout: ...
     @property
     def file_layout(self) -> TensorLayout: ...
-    async def direct_map(self) -> LbaMap: ...
+    async def layer_direct_map(self, layer: int) -> LbaMap: ...
     async def file(self, kpu: KpuId) -> PageCacheFile: ...
 
 
@@ -51,7 +51,7 @@ def _label(kpu: KpuId, rows: RowRange) -> str:
 
 async def _direct(storage: ContextStorage, kpu: KpuId, rows: RowRange) -> PlacedSpan:
     layout = storage.direct_layout
-    lba_map = await storage.direct_map()
+    lba_map = await storage.layer_direct_map(kpu.layer)
     # One chunk: the span needs only where the slice starts and how long it is; the engine cuts
     # it into the target's commands (Algorithm 2's chunking at max_chunk happens there).
     plan = plan_slice(lba_map.lookup(kpu), layout, rows, layout.image_bytes)

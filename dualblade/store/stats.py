@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from dualblade.store.residency_ledger import LedgerSnapshot
+
 if TYPE_CHECKING:
     from dualblade.store.runtime import Runtime
 
@@ -66,6 +68,8 @@ class StoreStats:
     buffers_in_flight: int  # I/Os the kernel may still be doing into them
     buffers_open: int  # not yet closed (0 once the store has closed)
     co_dma: CoDmaStats
+    #: the residency ledger: the budget live contexts share, what they hold, the moves made
+    ledger: LedgerSnapshot
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the keys ``KVStore.metrics()`` has always had."""
@@ -74,10 +78,13 @@ class StoreStats:
         data["write_bytes"] = dict(self.write_bytes)
         data["dma_h2d_bytes"] = self.co_dma.h2d_bytes
         data["dma_d2h_bytes"] = self.co_dma.d2h_bytes
+        data["ledger"] = self.ledger.to_dict()
         return data
 
 
-def collect_stats(runtime: Runtime, name: str, open_contexts: int) -> StoreStats:
+def collect_stats(
+    runtime: Runtime, name: str, open_contexts: int, ledger: LedgerSnapshot
+) -> StoreStats:
     """Read the runtime's counters into a snapshot (on the event loop's thread)."""
     counters = runtime.counters.snapshot()
     threads = runtime.pool.threads
@@ -119,4 +126,5 @@ def collect_stats(runtime: Runtime, name: str, open_contexts: int) -> StoreStats
             h2d_bytes=dma.bytes_h2d,
             d2h_bytes=dma.bytes_d2h,
         ),
+        ledger=ledger,
     )

@@ -89,3 +89,27 @@ class KVTensorShape:
                 )
             views.append(tensor[:rows])
         return views[0], views[1]
+
+
+def requested_rows(rows: object, written: int, layer: int) -> tuple[int, int]:
+    """The ``(start, stop)`` a read asks for (None: every written row), checked.
+
+    Raises:
+        KVShapeError: not a pair of ints, or rows that were never written.
+    """
+    if rows is None:
+        start, stop = 0, written
+    elif (
+        isinstance(rows, tuple | list)
+        and len(rows) == 2
+        and all(isinstance(x, int) and not isinstance(x, bool) for x in rows)
+    ):
+        start, stop = rows
+    else:
+        raise KVShapeError(f"rows must be a (start, stop) pair of ints, got {rows!r}")
+    if not 0 <= start < stop <= written:
+        raise KVShapeError(
+            f"rows [{start}, {stop}) of layer {layer} were never written "
+            f"(it holds rows [0, {written}))"
+        )
+    return start, stop

@@ -36,7 +36,7 @@ async def test_cold_read_counts_no_hits_and_warm_read_counts_all(
         k, v = random_kv(config, 1020, seed=3)
         await ctx.write(0, k, v)
         counters = store.runtime.counters
-        for file in ctx._files.values():  # the baseline's shared mappings pin their pages
+        for file in ctx.page_cache_files():  # the baseline's shared mappings pin their pages
             if file._mmap is not None:
                 file._mmap.madvise(mmap.MADV_DONTNEED)
         _evict_all(tmp_path / "pc")

@@ -1,0 +1,138 @@
+"""Live re-planning: keep every context's page-cache layers at its share of the budget.
+
+The share policy says how many lowest layers each live context should hold on the page-cache
+path (:meth:`ResidencyLedger.targets`); this task moves layers until they do. It wakes when a
+context opens or closes and when the budget changes (the budgeter's readings, or
+:meth:`KVStore.set_page_cache_budget`), and works in two passes:
+
+1. **Demote** first: a context above its target gives up its highest page-cache layer; the
+   ledger is credited once the layer's pages are gone. After a budget cut this is what brings
+   the ledger back under the budget, before the kernel has to evict anything.
+2. **Promote** into what is free: the context holding the fewest bytes below its target gets
+   its lowest other layer; the ledger is charged before a byte goes to the page cache.
+
+Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
+reader waits for at most one layer's move. A move that fails leaves the layer where it was;
+the context is skipped until the next wake-up, and the failure is logged and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import anyio
+from anyio.abc import TaskStatus
+
+from dualblade.errors import DualbladeError
+from dualblade.logs import get_logger
+from dualblade.pipeline import Medium
+from dualblade.store.residency_ledger import ResidencyLedger
+
+if TYPE_CHECKING:
+    from dualblade.store.context import KVContext
+
+_log = get_logger(__name__)
+
+#: The policies whose page-cache layers the ledger budgets: (medium of a layer inside the
+#: context's share, medium of one outside it). ``page-cache`` and ``baseline`` put every layer
+#: through the page cache by definition; ``direct`` puts none there.
+BUDGETED_MEDIA: dict[str, tuple[Medium, Medium]] = {
+    "dual": (Medium.PAGE_CACHE, Medium.DIRECT),
+    "cache-policy": (Medium.PAGE_CACHE, Medium.PAGE_CACHE_DROPPED),
+}
+
+
+class Replanner:
+    """The store's re-planning task (see the module docstring)."""
+
+    def __init__(self, ledger: ResidencyLedger, contexts: Mapping[int, KVContext]) -> None:
+        self.ledger = ledger
+        self._contexts = contexts
+        self._wakeup = anyio.Event()
+        self._idle = anyio.Event()
+        self._idle.set()
+        self.enabled = True
+
+    def wake(self) -> None:
+        """Something changed: re-plan soon (never blocks)."""
+        if self.enabled:
+            self._idle = anyio.Event() if self._idle.is_set() else self._idle
+            self._wakeup.set()
+
+    async def settled(self) -> None:
+        """Wait until every context holds what the policy gives it (or a move failed)."""
+        while not self._idle.is_set():
+            await self._idle.wait()
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup = anyio.Event()
+            skipped: set[int] = set()
+            await self._demote(skipped)
+            await self._promote(skipped)
+            if not self._wakeup.is_set():
+                self._idle.set()
+
+    async def _demote(self, skipped: set[int]) -> None:
+        targets = self.ledger.targets()
+        # The youngest first: under FirstComeShares the oldest keep theirs longest.
+        for context in reversed(self.ledger.contexts()):
+            ctx = self._contexts.get(context)
+            if ctx is None:
+                continue
+            _, outside = BUDGETED_MEDIA[ctx.plan.config.policy]
+            while context not in skipped:
+                charged = self.ledger.charged_layers(context)
+                if len(charged) <= targets.get(context, 0):
+                    break
+                layer = max(charged)
+                if await self._move(ctx, layer, outside, skipped):
+                    self.ledger.credit(context, layer)
+                    self.ledger.demotions += 1
+
+    async def _promote(self, skipped: set[int]) -> None:
+        while True:
+            targets = self.ledger.targets()
+            candidates = []
+            for context in self.ledger.contexts():
+                charged = self.ledger.charged_layers(context)
+                if context in skipped or len(charged) >= targets.get(context, 0):
+                    continue
+                layer = min(set(range(targets[context])) - charged)
+                if self.ledger.fits(context, layer):
+                    bytes_held = self.ledger.snapshot().shares.get(context, 0)
+                    candidates.append((bytes_held, context, layer))
+            if not candidates:
+                return
+            _, context, layer = min(candidates)
+            ctx = self._contexts.get(context)
+            if ctx is None:
+                skipped.add(context)
+                continue
+            inside, _ = BUDGETED_MEDIA[ctx.plan.config.policy]
+            self.ledger.charge(context, layer)
+            if await self._move(ctx, layer, inside, skipped):
+                self.ledger.promotions += 1
+            else:
+                self.ledger.credit(context, layer)
+
+    async def _move(self, ctx: KVContext, layer: int, medium: Medium, skipped: set[int]) -> bool:
+        try:
+            moved = await ctx.move_layer(layer, medium)
+        except DualbladeError as error:
+            self.ledger.failed_moves += 1
+            skipped.add(ctx.id)
+            _log.warning(
+                "layer move failed; it stays where it was",
+                context=ctx.id,
+                layer=layer,
+                to=str(medium),
+                error=str(error),
+            )
+            return False
+        if not moved:  # the context closed under the move (or the layer was there already)
+            skipped.add(ctx.id)
+        return moved or ctx.media[layer] is medium

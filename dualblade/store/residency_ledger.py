@@ -1,0 +1,164 @@
+"""The store's residency ledger: who holds which page-cache places, against one budget.
+
+Each context charges the ledger for every layer it places on the page-cache path (the layer's
+footprint at the context's own shape: K and V of all its rows) *before* its first byte goes
+there, and is credited only *after* the layer's pages are gone (demoted, or the context closed).
+So ``placed_bytes`` is always at least what the contexts can have cached, and a charge that
+would take it past the budget is refused: the sum over live contexts never exceeds ``B_pc``.
+The one exception is a budget that shrinks under placed bytes; the re-planner then demotes
+until the ledger fits again, and :attr:`over_budget_bytes` says by how much it does not yet.
+
+The ledger only keeps the books. The :class:`~.share_policy.SharePolicy` says what each context
+should hold (:meth:`targets`), and the re-planner moves layers to get there.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+from dualblade.store.share_policy import ContextDemand, FairShares, SharePolicy
+
+
+class LedgerFullError(RuntimeError):
+    """A charge that does not fit the budget (the caller asked without checking :meth:`fits`)."""
+
+
+@dataclass
+class _Entry:
+    demand: ContextDemand
+    charged: set[int] = field(default_factory=set)
+
+    def charged_bytes(self) -> int:
+        return sum(self.demand.layer_bytes[layer] for layer in self.charged)
+
+
+@dataclass(frozen=True)
+class LedgerSnapshot:
+    """The ledger at one instant, for stats and metrics."""
+
+    budget_bytes: int
+    placed_bytes: int
+    shares: dict[int, int]  # bytes charged per context
+    target_layers: dict[int, int]
+    demotions: int
+    promotions: int
+    failed_moves: int
+    policy: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "budget_bytes": self.budget_bytes,
+            "placed_bytes": self.placed_bytes,
+            "context_shares": {str(c): b for c, b in self.shares.items()},
+            "target_layers": {str(c): n for c, n in self.target_layers.items()},
+            "demotions": self.demotions,
+            "promotions": self.promotions,
+            "failed_moves": self.failed_moves,
+            "policy": self.policy,
+        }
+
+
+class ResidencyLedger:
+    """Page-cache bytes charged per context and layer, against the store's budget."""
+
+    def __init__(self, budget_bytes: int, policy: SharePolicy | None = None) -> None:
+        self.budget_bytes = max(0, budget_bytes)
+        self.policy: SharePolicy = policy if policy is not None else FairShares()
+        self._entries: dict[int, _Entry] = {}
+        self._arrivals = itertools.count()
+        self.demotions = 0
+        self.promotions = 0
+        self.failed_moves = 0  # moves that failed (the layer stayed where it was)
+
+    # -- contexts ------------------------------------------------------------------------------
+    def register(self, context: int, layer_bytes: tuple[int, ...]) -> None:
+        """A new context whose ``layer_bytes`` (lowest first) may take the page-cache path."""
+        demand = ContextDemand(context, next(self._arrivals), layer_bytes)
+        self._entries[context] = _Entry(demand)
+
+    def unregister(self, context: int) -> None:
+        """The context is gone and its pages with it: credit everything it held."""
+        self._entries.pop(context, None)
+
+    def admit(self, context: int) -> int:
+        """How many lowest layers a context just registered may place now: its target share,
+        cut to what is free (the rest comes later, by promotion, as others give room)."""
+        entry = self._entries[context]
+        target = self.targets().get(context, 0)
+        left = self.free_bytes
+        n = 0
+        for size in entry.demand.layer_bytes[:target]:
+            if size > left:
+                break
+            left -= size
+            n += 1
+        return n
+
+    # -- charges -------------------------------------------------------------------------------
+    def fits(self, context: int, layer: int) -> bool:
+        return self._entries[context].demand.layer_bytes[layer] <= self.free_bytes
+
+    def charge(self, context: int, layer: int) -> None:
+        """Charge a layer before its bytes go to the page cache.
+
+        Raises:
+            LedgerFullError: the layer does not fit what is left of the budget.
+        """
+        entry = self._entries[context]
+        if layer in entry.charged:
+            return
+        if not self.fits(context, layer):
+            raise LedgerFullError(
+                f"layer {layer} of context {context} needs {entry.demand.layer_bytes[layer]} B; "
+                f"{self.free_bytes} B of the {self.budget_bytes} B page-cache budget are free"
+            )
+        entry.charged.add(layer)
+
+    def credit(self, context: int, layer: int) -> None:
+        """Credit a layer after its pages are gone."""
+        entry = self._entries.get(context)
+        if entry is not None:
+            entry.charged.discard(layer)
+
+    def charged_layers(self, context: int) -> frozenset[int]:
+        entry = self._entries.get(context)
+        return frozenset(entry.charged) if entry is not None else frozenset()
+
+    # -- the budget ----------------------------------------------------------------------------
+    def set_budget(self, budget_bytes: int) -> None:
+        self.budget_bytes = max(0, budget_bytes)
+
+    @property
+    def placed_bytes(self) -> int:
+        return sum(entry.charged_bytes() for entry in self._entries.values())
+
+    @property
+    def free_bytes(self) -> int:
+        return max(0, self.budget_bytes - self.placed_bytes)
+
+    @property
+    def over_budget_bytes(self) -> int:
+        return max(0, self.placed_bytes - self.budget_bytes)
+
+    def targets(self) -> dict[int, int]:
+        """Per context, how many lowest layers the share policy gives it now."""
+        demands = [entry.demand for entry in self._entries.values()]
+        return dict(self.policy.shares(self.budget_bytes, demands))
+
+    def contexts(self) -> list[int]:
+        """Live contexts, oldest first."""
+        return [c for c, _ in sorted(self._entries.items(), key=lambda i: i[1].demand.arrival)]
+
+    def snapshot(self) -> LedgerSnapshot:
+        return LedgerSnapshot(
+            budget_bytes=self.budget_bytes,
+            placed_bytes=self.placed_bytes,
+            shares={c: e.charged_bytes() for c, e in self._entries.items()},
+            target_layers=self.targets(),
+            demotions=self.demotions,
+            promotions=self.promotions,
+            failed_moves=self.failed_moves,
+            policy=type(self.policy).__name__,
+        )

@@ -1,0 +1,370 @@
+"""One page-cache budget for all of a store's contexts, and live re-planning (issue 14).
+
+Every test checks bytes: what a context reads is what it wrote, whatever moved in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import torch
+
+from dualblade.pipeline import Medium, PipelineConfig
+from dualblade.store import FirstComeShares, KVContext, KVStore, open_store
+from dualblade.testing import FaultKind, FaultLog, FaultPolicy, FaultyTarget
+
+from .conftest import MakeConfig, random_kv
+
+pytestmark = pytest.mark.anyio
+
+LAYERS = 4
+PROMPT = 60  # + 4 new rows: 64 rows of 4 KiB = a 256 KiB KPU, a 512 KiB layer
+LAYER_BYTES = 512 << 10
+
+
+def _config(make_config: MakeConfig, policy: str = "dual", layers_in_budget: int = 4) -> Any:
+    budget = f"{layers_in_budget * LAYER_BYTES}B"
+    return make_config(
+        policy,
+        "aligned",
+        prompt_len=PROMPT,
+        max_new_tokens=4,
+        memory={"page_cache_budget": budget, "knob_x": budget},
+    )
+
+
+class Requests:
+    """Contexts and what each wrote, checked on every read."""
+
+    def __init__(self, config: PipelineConfig) -> None:
+        self.config = config
+        self.expected: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    async def prefill(self, ctx: KVContext, seed: int) -> None:
+        for layer in range(LAYERS):
+            kv = random_kv(self.config, PROMPT, seed=seed * 100 + layer)
+            await ctx.write(layer, *kv)
+            self.expected[ctx.id, layer] = kv
+
+    async def decode_step(self, ctx: KVContext, seed: int) -> None:
+        for layer in range(LAYERS):
+            await self.check(ctx, layer)
+            row = random_kv(self.config, 1, seed=seed * 100 + layer)
+            await ctx.append(layer, *row)
+            k, v = self.expected[ctx.id, layer]
+            self.expected[ctx.id, layer] = (torch.cat([k, row[0]]), torch.cat([v, row[1]]))
+
+    async def check(self, ctx: KVContext, layer: int) -> None:
+        k, v = await ctx.read(layer)
+        want_k, want_v = self.expected[ctx.id, layer]
+        assert torch.equal(k, want_k), f"context {ctx.id} layer {layer}: K differs"
+        assert torch.equal(v, want_v), f"context {ctx.id} layer {layer}: V differs"
+
+
+def _resident_bytes(contexts: list[KVContext]) -> int:
+    return sum(f.resident_bytes(0, f.size) for c in contexts for f in c.page_cache_files())
+
+
+@contextlib.asynccontextmanager
+async def _watch_ledger(
+    store: KVStore, contexts: list[KVContext], budget: int
+) -> AsyncIterator[list[int]]:
+    """Sample the ledger and the contexts' cached pages (mincore) every millisecond; both
+    must stay within ``budget`` at every sample. Yields the samples of placed bytes."""
+    samples: list[int] = []
+
+    async def sample() -> None:
+        while True:
+            placed = store.stats().ledger.placed_bytes
+            samples.append(placed)
+            assert placed <= budget, f"the ledger holds {placed} B of a {budget} B budget"
+            resident = _resident_bytes(contexts)
+            assert resident <= budget, f"{resident} B cached of a {budget} B budget"
+            await anyio.sleep(0.001)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sample)
+        yield samples
+        tg.cancel_scope.cancel()
+
+
+async def test_concurrent_dual_contexts_share_one_budget(make_config: MakeConfig) -> None:
+    """Four contexts under a budget of four layers: one layer each, never more in total."""
+    config = _config(make_config)
+    budget = 4 * LAYER_BYTES
+    requests = Requests(config)
+    async with open_store(config, device="cpu") as store, contextlib.AsyncExitStack() as stack:
+        contexts = [await stack.enter_async_context(store.context()) for _ in range(4)]
+        await store.replanned()
+        ledger = store.stats().ledger
+        assert ledger.budget_bytes == budget
+        assert sorted(ledger.shares.values()) == [LAYER_BYTES] * 4  # equal contexts, equal shares
+        assert [c.media.count(Medium.PAGE_CACHE) for c in contexts] == [1] * 4
+        async with _watch_ledger(store, contexts, budget) as samples:
+            async with anyio.create_task_group() as tg:
+                for n, ctx in enumerate(contexts):
+                    tg.start_soon(requests.prefill, ctx, n)
+            for step in range(3):
+                async with anyio.create_task_group() as tg:
+                    for n, ctx in enumerate(contexts):
+                        tg.start_soon(requests.decode_step, ctx, 1000 + 10 * step + n)
+        assert samples
+        assert max(samples) <= budget
+        written = store.stats().write_bytes
+        assert 0 < written["page-cache"] <= budget
+        assert written["direct"] > 0
+
+
+async def test_contexts_that_come_and_go_keep_the_budget_and_their_bytes(
+    make_config: MakeConfig,
+) -> None:
+    """Arrivals and departures re-share the budget (moves happen) while others decode."""
+    config = _config(make_config)
+    budget = 4 * LAYER_BYTES
+    requests = Requests(config)
+    live: list[KVContext] = []
+    async with open_store(config, device="cpu") as store:
+
+        async def request(n: int, delay: float, steps: int) -> None:
+            await anyio.sleep(delay)
+            async with store.context() as ctx:
+                live.append(ctx)
+                await requests.prefill(ctx, n)
+                for step in range(steps):
+                    await requests.decode_step(ctx, 1000 + 10 * n + step)
+                    await anyio.sleep(0.005)
+                for layer in range(LAYERS):
+                    await requests.check(ctx, layer)
+                live.remove(ctx)
+
+        async with _watch_ledger(store, live, budget), anyio.create_task_group() as tg:
+            tg.start_soon(request, 0, 0.0, 4)  # alone at first: it takes every layer
+            tg.start_soon(request, 1, 0.03, 3)
+            tg.start_soon(request, 2, 0.06, 2)
+            tg.start_soon(request, 3, 0.12, 3)
+        stats = store.stats()
+        assert stats.ledger.demotions > 0
+        assert stats.ledger.promotions > 0
+        assert stats.ledger.failed_moves == 0
+        assert stats.ledger.placed_bytes == 0
+        assert stats.ledger.shares == {}
+        assert stats.extents_held == 0
+        assert stats.files_held == 0
+
+
+@pytest.mark.parametrize("policy", ["dual", "cache-policy"])
+async def test_a_shrinking_then_growing_budget_demotes_then_promotes(
+    make_config: MakeConfig, policy: str
+) -> None:
+    config = _config(make_config, policy)
+    requests = Requests(config)
+    async with open_store(config, device="cpu") as store, contextlib.AsyncExitStack() as stack:
+        contexts = [await stack.enter_async_context(store.context()) for _ in range(2)]
+        await store.replanned()
+        for n, ctx in enumerate(contexts):
+            await requests.prefill(ctx, n)
+        assert [c.resident_layers for c in contexts] == [2, 2]
+
+        stop = anyio.Event()
+        steps = 0
+
+        async def decode(ctx: KVContext, n: int) -> None:
+            nonlocal steps
+            while not stop.is_set() and ctx.length(0) < PROMPT + 4:
+                await requests.decode_step(ctx, 5000 + 100 * n + steps)
+                steps += 1
+                await anyio.sleep(0.01)
+
+        moves = store.stats().ledger
+        async with anyio.create_task_group() as tg:
+            for n, ctx in enumerate(contexts):
+                tg.start_soon(decode, ctx, n)
+            store.set_page_cache_budget(2 * LAYER_BYTES)  # squeezed: one layer each
+            await store.replanned()
+            assert [c.resident_layers for c in contexts] == [1, 1]
+            assert store.stats().ledger.placed_bytes <= 2 * LAYER_BYTES
+            assert store.stats().ledger.demotions == moves.demotions + 2
+            outside = Medium.DIRECT if policy == "dual" else Medium.PAGE_CACHE_DROPPED
+            assert all(c.media == (Medium.PAGE_CACHE, outside, outside, outside) for c in contexts)
+            if policy == "dual":  # the demoted layers' files are unlinked with their pages
+                assert all(len(c.page_cache_files()) == 2 for c in contexts)
+            store.set_page_cache_budget(None)  # the squeeze is over
+            await store.replanned()
+            assert [c.resident_layers for c in contexts] == [2, 2]
+            assert store.stats().ledger.promotions == moves.promotions + 2
+            stop.set()
+        for ctx in contexts:
+            for layer in range(LAYERS):
+                await requests.check(ctx, layer)
+
+
+async def test_a_move_holds_up_only_its_own_layer(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a demotion waits for its direct run, the other layers read and append; a read
+    of the moving layer waits for the move and then gets the same bytes."""
+    from dualblade.store.context_storage import ContextHoldings
+
+    config = _config(make_config)
+    requests = Requests(config)
+    claimed, release = anyio.Event(), anyio.Event()
+    claim_run = ContextHoldings.direct_map
+
+    async def held_claim(self: ContextHoldings, layer: int) -> Any:
+        if layer == 3:
+            claimed.set()
+            await release.wait()
+        return await claim_run(self, layer)
+
+    monkeypatch.setattr(ContextHoldings, "direct_map", held_claim)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await store.replanned()
+        await requests.prefill(ctx, 1)
+        assert ctx.resident_layers == 4
+        store.set_page_cache_budget(3 * LAYER_BYTES)  # layer 3 must go direct
+        with anyio.fail_after(5):
+            await claimed.wait()  # the move holds layer 3
+        with anyio.fail_after(5):
+            for layer in range(3):
+                await requests.check(ctx, layer)
+            await ctx.append(0, *random_kv(config, 1, seed=7))
+        read_done = anyio.Event()
+
+        async def read_moving_layer() -> None:
+            await requests.check(ctx, 3)
+            read_done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_moving_layer)
+            await anyio.sleep(0.05)
+            assert not read_done.is_set()  # it waits for the move, not for a wrong byte
+            release.set()
+        await store.replanned()
+        assert ctx.media[3] is Medium.DIRECT
+
+
+async def test_a_failed_move_leaves_the_layer_where_it_was(make_config: MakeConfig) -> None:
+    config = _config(make_config)
+    requests = Requests(config)
+    policy = FaultPolicy(1.0, kinds=(FaultKind.EIO,))
+    policy.enabled = False
+
+    def direct(target: Any) -> FaultyTarget:
+        return FaultyTarget(target, policy, log=FaultLog())
+
+    async with (
+        open_store(config, device="cpu", wrap_direct=direct) as store,
+        store.context() as ctx,
+    ):
+        await store.replanned()
+        await requests.prefill(ctx, 2)
+        policy.enabled = True
+        store.set_page_cache_budget(3 * LAYER_BYTES)
+        await store.replanned()
+        policy.enabled = False
+        ledger = store.stats().ledger
+        assert ledger.failed_moves >= 1
+        assert ledger.demotions == 0
+        assert ctx.media[3] is Medium.PAGE_CACHE
+        assert ledger.placed_bytes == 4 * LAYER_BYTES  # over budget until a move succeeds
+        for layer in range(LAYERS):
+            await requests.check(ctx, layer)
+        store.set_page_cache_budget(3 * LAYER_BYTES)  # a new reading: it tries again
+        await store.replanned()
+        assert ctx.media[3] is Medium.DIRECT
+        await requests.check(ctx, 3)
+
+
+async def test_first_come_shares_never_move_a_layer_for_a_newcomer(
+    make_config: MakeConfig,
+) -> None:
+    config = _config(make_config)
+    async with open_store(config, device="cpu", share_policy=FirstComeShares()) as store:
+        async with store.context() as first, store.context() as second:
+            await store.replanned()
+            assert (first.resident_layers, second.resident_layers) == (4, 0)
+        assert store.stats().ledger.demotions == 0
+
+
+async def test_without_replanning_contexts_keep_their_admitted_share(
+    make_config: MakeConfig,
+) -> None:
+    config = _config(make_config)
+    async with open_store(config, device="cpu", replan=False) as store:
+        async with store.context() as first:
+            async with store.context() as second:
+                store.set_page_cache_budget(0)
+                await store.replanned()
+                assert (first.resident_layers, second.resident_layers) == (4, 0)
+            async with store.context() as third:  # admitted under the new cap: nothing
+                assert third.resident_layers == 0
+        assert store.stats().ledger.demotions == 0
+
+
+@pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "cache-policy", "baseline"])
+async def test_contexts_of_different_shapes_at_once(make_config: MakeConfig, policy: str) -> None:
+    """Requests of different batch sizes and lengths on one store, concurrently, every policy."""
+    config = _config(make_config, policy, layers_in_budget=3)
+    shapes = [(4, 64), (2, 40), (1, 17), (3, 64)]
+    async with open_store(config, device="cpu") as store:
+
+        async def request(n: int, batch: int, max_len: int) -> None:
+            async with store.context(batch=batch, max_len=max_len) as ctx:
+                kvs = []
+                for layer in range(LAYERS):
+                    g = torch.Generator().manual_seed(100 * n + layer)
+                    shape = (max_len - 1, batch, ctx.width)
+                    k, v = (torch.randn(shape, generator=g).to(ctx.dtype) for _ in "KV")
+                    await ctx.write(layer, k, v)
+                    row = [torch.randn((1, batch, ctx.width), generator=g).to(ctx.dtype)] * 2
+                    await ctx.append(layer, *row)
+                    kvs.append((torch.cat([k, row[0]]), torch.cat([v, row[1]])))
+                await anyio.sleep(0.01)  # all open at once
+                for layer, (k, v) in enumerate(kvs):
+                    got_k, got_v = await ctx.read(layer)
+                    assert got_k.shape == (max_len, batch, ctx.width)
+                    assert torch.equal(got_k, k)
+                    assert torch.equal(got_v, v)
+
+        async with anyio.create_task_group() as tg:
+            for n, (batch, max_len) in enumerate(shapes):
+                tg.start_soon(request, n, batch, max_len)
+        stats = store.stats()
+        if policy in ("dual", "cache-policy"):
+            assert stats.ledger.placed_bytes == 0
+        assert stats.extents_held == 0
+        assert stats.files_held == 0
+
+
+async def test_the_budgeters_readings_replan_live_contexts(
+    make_config: MakeConfig, tmp_path: Path
+) -> None:
+    """A new reading of the memory limit (cgroup v1 or v2 alike) moves live layers."""
+    from dualblade.actors import Budget, Reply
+    from dualblade.actors.budgeter import Refresh
+    from dualblade.pipeline import fixed_budget, pin_bytes
+
+    config = _config(make_config)
+    requests = Requests(config)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await store.replanned()
+        await requests.prefill(ctx, 3)
+        assert ctx.resident_layers == 4
+        squeezed = fixed_budget(
+            LAYER_BYTES, pin_bytes=pin_bytes(config), copy_threads=config.copy_threads
+        )
+        store.runtime.budgeter.min_change = 1
+        store.runtime.budgeter._read = lambda: Budget(LAYER_BYTES, None, detail=squeezed)
+        reply: Reply[Budget] = Reply()
+        await store.runtime.budgeter.ask(Refresh(reply), reply)
+        await store.replanned()
+        assert ctx.resident_layers == 1
+        assert store.metrics()["ledger"]["budget_bytes"] == LAYER_BYTES
+        assert "dualblade_ledger_demotions 3" in store.prometheus()
+        for layer in range(LAYERS):
+            await requests.check(ctx, layer)
