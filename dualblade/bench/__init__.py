@@ -14,7 +14,6 @@ from dualblade.bench.soak_options import SoakOptions as SoakOptions
 from dualblade.bench.sweep import Sweep as Sweep
 from dualblade.bench.sweep import SweepPlan as SweepPlan
 from dualblade.bench.sweep import check_plan as check_plan
-from dualblade.bench.sweep import reference_bandwidths as reference_bandwidths
 from dualblade.bench.sweep_report import aggregate as aggregate
 from dualblade.bench.sweep_report import evaluate_claims as evaluate_claims
 from dualblade.bench.sweep_report import markdown_table as markdown_table

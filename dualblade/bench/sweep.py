@@ -1,7 +1,6 @@
 """The memory-limit sweep: every (policy, limit) run in its own memory cgroup, interleaved.
 
-For each repeat and each limit (ascending) the sweep first measures the two reference
-bandwidths (:mod:`dualblade.bench.bandwidth`), then runs each policy once, in an order rotated
+For each repeat and each limit (ascending) the sweep runs each policy once, in an order rotated
 from limit to limit and repeat to repeat so that the disk's drift hits every policy alike. Each
 run:
 
@@ -9,7 +8,8 @@ run:
 2. starts from a cold page cache (``sync`` + ``drop_caches`` as root; otherwise
    ``fadvise(DONTNEED)`` of the sweep's files);
 3. is a separate process (:mod:`dualblade.bench.sweep_worker`) that joins the group before it
-   imports torch, opens a store whose budgeter discovers the limit, and runs the KV workload.
+   imports torch, opens a store whose budgeter discovers the limit, runs the KV workload, and
+   measures its own decode floor right after its decode (:mod:`dualblade.bench.floor`).
 
 A run that fails (the kernel's OOM killer, an error) is recorded with its reason; the sweep goes
 on. Records of repeated runs are reduced to their medians.
@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -29,10 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.bandwidth import BandwidthProbe
 from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
 from dualblade.bench.page_cache import drop_page_cache
-from dualblade.errors import ConfigError, DualbladeError
+from dualblade.errors import ConfigError
 
 #: glibc's malloc raises its mmap threshold each time a large block is freed, after which blocks
 #: of tens of MiB (a layer's K and V) come from the heap and stay resident when freed: the
@@ -57,7 +55,6 @@ class SweepPlan:
     work_dir: Path
     device: str | None = None
     verify: str = "sample"
-    bandwidth_bytes: int = 1 << 30
     keep_files: bool = False
     label: str = "custom"
     #: Real inference instead of synthetic KV traffic: ``{"preset": "opt-6.7b", "dtype": ...}``.
@@ -105,7 +102,6 @@ class Sweep:
         self.progress = progress
         self.page_cache_dir = plan.work_dir / "page-cache"
         self.direct_path = plan.work_dir / "direct.kv"
-        self.bandwidth: list[dict[str, float]] = []
 
     def pipeline_for(self, policy: str) -> dict[str, Any]:
         """The run's pipeline mapping: the plan's, with the policy and the sweep's storage."""
@@ -127,29 +123,15 @@ class Sweep:
     def run(self) -> list[dict[str, Any]]:
         plan = self.plan
         plan.work_dir.mkdir(parents=True, exist_ok=True)
-        probe = BandwidthProbe(
-            plan.work_dir / "bandwidth.dat",
-            plan.bandwidth_bytes,
-            int(plan.pipeline.get("queue_depth", 32)),
-            1 << 20,
-        )
         order = run_order(plan.policies, plan.limits, plan.repeats)
         records: list[dict[str, Any]] = []
-        measured_for: set[tuple[int, int]] = set()
         try:
             for index, (repeat, limit, policy) in enumerate(order):
-                if (repeat, limit) not in measured_for:
-                    measured_for.add((repeat, limit))
-                    rates = probe.measure()
-                    self.bandwidth.append(
-                        {"direct_read": rates.direct_read, "cached_read": rates.cached_read}
-                    )
                 self.progress(f"{policy}@{limit >> 20}MiB", index, len(order))
                 record = self._one(index, repeat, limit, policy)
                 records.append(record)
             self.progress("done", len(order), len(order))
         finally:
-            probe.remove()
             if not plan.keep_files:
                 shutil.rmtree(self.page_cache_dir, ignore_errors=True)
                 shutil.rmtree(plan.work_dir / "flexgen", ignore_errors=True)
@@ -210,16 +192,6 @@ class Sweep:
             tail = completed.stderr.strip().splitlines()[-5:]
             record["error"] = f"{reason}: {' | '.join(tail)}"
         return record
-
-
-def reference_bandwidths(samples: list[dict[str, float]]) -> tuple[float, float]:
-    """Median O_DIRECT and cached read rates of a sweep's measurements."""
-    if not samples:
-        raise DualbladeError("the sweep measured no bandwidth")
-    return (
-        statistics.median(s["direct_read"] for s in samples),
-        statistics.median(s["cached_read"] for s in samples),
-    )
 
 
 def check_plan(plan: SweepPlan) -> None:

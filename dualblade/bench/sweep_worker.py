@@ -13,10 +13,12 @@ throughput sampled every 100 ms through decode, the strategy per step and the cg
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +51,41 @@ def _timeline(samples: list[tuple[float, int]], start: float, end: float) -> lis
     return out
 
 
-async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any) -> Any:
+class _Capture:
+    """The store as the OPT engine's KV provider, keeping the context the engine opens: the
+    floor's passes read that context's storage after the last token, before it closes."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.contexts: list[Any] = []
+
+    @property
+    def read_parallelism(self) -> int:
+        return int(self._store.read_parallelism)
+
+    def iteration(self) -> Any:
+        return self._store.iteration()
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self._store.metrics())
+
+    @contextlib.asynccontextmanager
+    async def context(self) -> AsyncIterator[Any]:
+        async with self._store.context() as ctx:
+            self.contexts.append(ctx)
+            yield ctx
+
+
+async def _run_model(
+    store: Any, spec: dict[str, Any], model: Any, on_phase: Any, after_decode: Any
+) -> Any:
     """Real inference (``spec["compute"]``): the OPT engine generates with its KV in ``store``.
 
     The phases are marked where the engine's stream yields: prefill ends with the first token,
-    decode is every step after it. So the disk statistics and counters of each phase cover that
-    phase alone (they covered the whole run in both before).
+    decode with the last one. So the disk statistics and counters of each phase cover that
+    phase alone (they covered the whole run in both before). ``after_decode`` runs at the last
+    token, while the engine's context is still open.
     """
-    import contextlib
     import time
 
     from dualblade.bench.sweep_workload import PhaseClock, SweepWorkloadResult
@@ -68,9 +97,11 @@ async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any
     )
     clock = PhaseClock()
     times: list[float] = []
+    tokens_wanted = spec["decode_steps"] + 1
+    provider = _Capture(store)
     on_phase("prefill_start")
     clock.prefill_start = start = time.perf_counter()
-    stream = model.stream(prompts, spec["decode_steps"] + 1, store)
+    stream = model.stream(prompts, tokens_wanted, provider)
     async with contextlib.aclosing(stream) as tokens:
         async for _token in tokens:
             now = time.perf_counter()
@@ -80,8 +111,10 @@ async def _run_model(store: Any, spec: dict[str, Any], model: Any, on_phase: Any
                 clock.prefill_end = clock.decode_start = now
                 on_phase("prefill_end")
                 on_phase("decode_start")
-    clock.decode_end = time.perf_counter()
-    on_phase("decode_end")
+            if len(times) == tokens_wanted:  # the last token: decode is over
+                clock.decode_end = now
+                on_phase("decode_end")
+                await after_decode(provider.contexts[-1])
     return SweepWorkloadResult(
         times[0],
         sum(times[1:]),
@@ -109,6 +142,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     import anyio
 
     from dualblade.bench.disk_stats import DiskSnapshot, activity, read_snapshot, stat_file_for
+    from dualblade.bench.floor import FloorRates, measure_floor_rates
     from dualblade.bench.process_stats import storage_read_bytes
     from dualblade.bench.request_log import (
         RequestLog,
@@ -117,6 +151,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         sequentiality,
     )
     from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
+    from dualblade.errors import DualbladeError
     from dualblade.pipeline import config_from_mapping
     from dualblade.store import open_store
 
@@ -130,6 +165,9 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
     device = spec.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
     buffers = None if model is not None else read_buffers(config, device)
+    floor_memory = _floor_memory(config, buffers)
+    floor_rates: list[FloorRates] = []
+    floor_errors: list[str] = []
     log = RequestLog()
     samples: list[tuple[float, int]] = []
     async with open_store(config, device=device) as store:
@@ -149,10 +187,16 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
             if stat_file is not None:
                 disk[mark] = read_snapshot(stat_file)
 
+        async def after_decode(ctx: Any) -> None:
+            try:
+                floor_rates.append(await measure_floor_rates(store, ctx, floor_memory))
+            except (DualbladeError, OSError, ValueError) as error:
+                floor_errors.append(f"the floor's passes failed: {type(error).__name__}: {error}")
+
         async with anyio.create_task_group() as tg:
             tg.start_soon(_sample_reads, store, samples)
             if model is not None:
-                result = await _run_model(store, spec, model, on_phase)
+                result = await _run_model(store, spec, model, on_phase, after_decode)
             else:
                 result = await run_sweep_workload(
                     store,
@@ -161,6 +205,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                     buffers=buffers,
                     verify=spec.get("verify", "sample"),
                     on_phase=on_phase,
+                    after_decode=after_decode,
                 )
             tg.cancel_scope.cancel()
         metrics = store.metrics()
@@ -208,12 +253,49 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         "decode_step_ends_s": [round(t - clock.decode_start, 3) for t in clock.step_ends],
     }
     report.update(_phase_bytes(counters))
+    report.update(_floor(report, floor_rates, floor_errors))
     if disk:
         report["disk"] = {
             phase: activity(disk[f"{phase}_start"], disk[f"{phase}_end"]).to_dict()
             for phase in ("prefill", "decode")
         }
     return report
+
+
+def _floor_memory(config: Any, buffers: list[Any] | None) -> list[Any]:
+    """Host memory for the floor's passes: the workload's own read buffers where they are
+    host memory (the reads land where the decode's did), else one KPU-sized aligned buffer,
+    made and touched now, before the store opens, so the budgeter counts it as in use."""
+    from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer
+
+    landings = [b.landings[0] for b in buffers or []]
+    if landings and all(landing is not None for landing in landings):
+        return [landing.buffer for landing in landings]
+    row = config.shape().row_bytes(config.workload.batch)
+    stride = -(-row // DIRECT_FILE_ALIGNMENT) * DIRECT_FILE_ALIGNMENT
+    buffer = AlignedBuffer(config.workload.max_len * stride)
+    buffer.tensor().zero_()
+    return [buffer]
+
+
+def _floor(report: dict[str, Any], rates: list[Any], errors: list[str]) -> dict[str, Any]:
+    """``floor_s``, ``floor_serial_s``, ``floor_ratio`` (decode / floor) and the floor's parts
+    (see :mod:`dualblade.bench.floor`)."""
+    from dualblade.bench.floor import DecodeReads, decode_floor
+
+    if not rates:
+        error = errors[0] if errors else "the floor was not measured"
+        return {"floor_s": None, "floor_serial_s": None, "floor_ratio": None, "floor_error": error}
+    reads = report["decode_read_bytes"]
+    decode_reads = DecodeReads(
+        direct=reads.get("direct", 0),
+        page_cache=reads.get("page-cache", 0) + reads.get("baseline", 0),
+        resident=report["decode_resident_bytes"],
+    )
+    floor = decode_floor(decode_reads, rates[0])
+    floor_s = floor["floor_s"]
+    floor["floor_ratio"] = report["decode_s"] / floor_s if floor_s else None
+    return floor
 
 
 def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -243,6 +325,7 @@ def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {
         "decode_read_bytes": reads,
         "prefill_write_bytes": written,
+        "decode_resident_bytes": resident,
         "hit_rate": resident / total if total else 0.0,
         "page_cache_path_hit_rate": resident / looked_up if looked_up else None,
         "decode_storage_read_bytes": fetched,

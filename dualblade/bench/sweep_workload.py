@@ -17,7 +17,7 @@ following layers are already being fetched, then appends the step's row.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -27,7 +27,7 @@ import torch
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
 from dualblade.pipeline import PipelineConfig
-from dualblade.store import KVContext, KVStore, torch_dtype
+from dualblade.store import KVContext, KVStore, ReadBuffers, torch_dtype
 
 Verify = Literal["sample", "full"]
 
@@ -138,26 +138,32 @@ def derive_kv(config: PipelineConfig, seed: int) -> DerivedKV:
     return DerivedKV(workload.prompt_len, workload.batch, shape.kv_width, shape.dtype, seed)
 
 
-def read_buffers(
-    config: PipelineConfig, device: torch.device | str
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """One K/V pair of full-length read buffers per layer in flight (one per copy thread),
-    reused every step as an application reuses its own: a fresh tensor per read would time page
-    faults, not KV movement."""
+def read_buffers(config: PipelineConfig, device: torch.device | str) -> list[ReadBuffers]:
+    """One layer's full-length read buffers per layer in flight (one per copy thread), reused
+    every step as an application reuses its own: a fresh tensor per read would time page faults,
+    not KV movement. They are the store's kind (:class:`ReadBuffers`): on the host aligned
+    memory that reads land in without a copy, as the OPT engine reads. Zeroed here, so their
+    pages are in use before the store's budgeter first looks."""
     shape = config.shape()
-    size = (config.workload.max_len, config.workload.batch, shape.kv_width)
-    dtype = torch_dtype(shape.dtype)
-    return [
-        (
-            torch.zeros(size, dtype=dtype, device=device),  # zeros: the pages are touched now
-            torch.zeros(size, dtype=dtype, device=device),
+    out = []
+    for _ in range(max(1, config.copy_threads)):
+        buffers = ReadBuffers(
+            config.workload.max_len,
+            config.workload.batch,
+            shape.kv_width,
+            torch_dtype(shape.dtype),
+            torch.device(device),
         )
-        for _ in range(max(1, config.copy_threads))
-    ]
+        buffers.k.zero_()
+        buffers.v.zero_()
+        out.append(buffers)
+    return out
 
 
 ProgressFn = Callable[[str, int, int], None]
 PhaseFn = Callable[[str], None]
+#: Runs after the decode, while the context is still open (the floor's passes).
+AfterDecodeFn = Callable[[KVContext], Awaitable[None]]
 
 
 def _noop(_phase: str, _done: int, _total: int) -> None:
@@ -173,11 +179,12 @@ async def run_sweep_workload(
     *,
     decode_steps: int,
     data: DerivedKV | None = None,
-    buffers: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
+    buffers: list[ReadBuffers] | None = None,
     seed: int = 0,
     verify: Verify = "sample",
     progress: ProgressFn = _noop,
     on_phase: PhaseFn = _no_mark,
+    after_decode: AfterDecodeFn | None = None,
 ) -> SweepWorkloadResult:
     """Prefill then ``decode_steps`` steps of one context; every read is checked.
 
@@ -187,7 +194,8 @@ async def run_sweep_workload(
     counts them as memory in use, not as room for the page cache.
 
     ``on_phase`` is called with ``prefill_start``, ``prefill_end``, ``decode_start`` and
-    ``decode_end`` so the caller can snapshot counters exactly at the phase boundaries.
+    ``decode_end`` so the caller can snapshot counters exactly at the phase boundaries;
+    ``after_decode`` runs after ``decode_end``, with the context still open.
     """
     config = store.config
     shape = config.shape()
@@ -231,6 +239,8 @@ async def run_sweep_workload(
             progress("decode", step + 1, decode_steps)
         clock.decode_end = time.perf_counter()
         on_phase("decode_end")
+        if after_decode is not None:
+            await after_decode(ctx)
         placement = (list(ctx.plan.placement.page_cache), list(ctx.plan.placement.direct))
     return SweepWorkloadResult(
         prefill_s, sum(step_s), step_s, strategies, verified, clock, placement, produce_s
@@ -292,7 +302,7 @@ async def _decode_step(
     ctx: KVContext,
     data: DerivedKV,
     new_rows: list[tuple[torch.Tensor, torch.Tensor]],
-    buffers: list[tuple[torch.Tensor, torch.Tensor]],
+    buffers: list[ReadBuffers],
     verify: Verify,
 ) -> int:
     """One decode step in layer order with one read in flight per buffer pair.

@@ -45,9 +45,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="how much of each read to check",
     )
     parser.add_argument(
-        "--bandwidth-size", default="1GiB", help="scratch file read for the reference bandwidths"
-    )
-    parser.add_argument(
         "--compute",
         metavar="PRESET",
         help="run real inference (an OPT preset, random weights) instead of synthetic KV traffic",
@@ -101,7 +98,6 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         verify=args.verify,
         keep_files=args.keep_files,
         label=label,
-        bandwidth_bytes=parse_size(args.bandwidth_size),
         compute=compute,
     )
     check_plan(plan)
@@ -120,7 +116,6 @@ def bench(args: argparse.Namespace) -> int:
         can_create_memory_cgroups,
         evaluate_claims,
         markdown_table,
-        reference_bandwidths,
         write_plots,
     )
     from dualblade.pipeline import config_from_mapping
@@ -138,16 +133,12 @@ def bench(args: argparse.Namespace) -> int:
     sweep = Sweep(plan, progress=ProgressBar())
     started = datetime.datetime.now(datetime.UTC)
     records = sweep.run()
-    direct_bw, cached_bw = reference_bandwidths(sweep.bandwidth)
-    results = aggregate(records, direct_bw, cached_bw)
+    results = aggregate(records)
     claims = evaluate_claims(results, working_set)
     report: dict[str, Any] = {
         "kv_working_set_bytes": working_set,
-        "direct_read_bytes_per_s": round(direct_bw),
-        "cached_read_bytes_per_s": round(cached_bw),
         "results": results,
         "claims": claims,
-        "bandwidth_samples": sweep.bandwidth,
         "runs": records,
         "meta": {
             "sweep": label,
@@ -182,9 +173,9 @@ def _markdown(report: dict[str, Any], table: str) -> str:
     lines = [
         f"# dualblade bench — {report['meta']['sweep']}",
         "",
-        f"KV working set {report['kv_working_set_bytes'] / gib:.2f} GiB; O_DIRECT read "
-        f"{report['direct_read_bytes_per_s'] / 1e6:.0f} MB/s, cached read "
-        f"{report['cached_read_bytes_per_s'] / 1e6:.0f} MB/s (medians of the sweep's samples).",
+        f"KV working set {report['kv_working_set_bytes'] / gib:.2f} GiB. Each run measured its "
+        "own floor right after its decode (its own extents and resident files, the store's "
+        "engine; docs/bench.md); a decode / floor ratio below 0.95 marks the floor invalid (✗).",
         "",
         table,
         "## Claims",

@@ -111,20 +111,50 @@ def _run(
     }
 
 
-def test_aggregate_takes_medians_and_computes_the_floor() -> None:
+def test_aggregate_takes_medians_of_decode_and_floor() -> None:
     runs = [
         _run("dual", 1 << 30, d, 1.0, 0.5, direct=1_000_000_000, **{"page-cache": 3_000_000_000})
         for d in (3.0, 1.0, 2.0)
     ]
+    for run, floor in zip(runs, (1.8, 0.9, 1.6), strict=True):
+        run.update(floor_s=floor, floor_serial_s=floor + 0.5, floor_ratio=run["decode_s"] / floor)
     runs.append({"policy": "baseline", "limit_bytes": 1 << 30, "error": "killed by the OOM killer"})
-    out = aggregate(runs, direct_bw=1e9, cached_bw=3e9)
+    out = aggregate(runs)
     dual = next(r for r in out if r["policy"] == "dual")
     assert dual["decode_s"] == 2.0
-    assert dual["decode_floor_s"] == pytest.approx(1.0 + 1.0)
+    assert dual["floor_s"] == pytest.approx(1.6)
+    assert dual["floor_ratio"] == pytest.approx(2.0 / 1.6)
+    assert dual["floor_valid"]
     assert dual["runs"] == 3
     failed = next(r for r in out if r["policy"] == "baseline")
     assert "OOM" in failed["error"]
+    assert failed["floor_s"] is None
     assert "failed" in markdown_table(out)
+    assert "1.25" in markdown_table(out)
+
+
+def test_a_run_that_beats_its_floor_invalidates_it_and_fails_the_claims() -> None:
+    runs = [_run("direct", 1 << 30, d, 1.0, 0.0) for d in (2.0, 2.1)]
+    runs[0].update(floor_s=2.0, floor={"disk_s": 2.0, "memory_s": 0.0})
+    runs[1].update(floor_s=2.4, floor={"disk_s": 2.4, "memory_s": 0.0})  # 0.875 of its floor
+    (record,) = aggregate(runs)
+    assert not record["floor_valid"]
+    assert "disk part" in record["floor_invalid_why"]
+    claims = evaluate_claims([record], working_set=1 << 32)
+    (invalid,) = claims["floors"]["invalid"]
+    assert invalid["policy"] == "direct"
+    assert "0.875" in invalid["why"]
+    assert not claims["floors"]["ok"]
+    assert not claims["all_ok"]
+    assert "✗" in markdown_table([record])
+
+
+def test_a_run_without_a_floor_says_why() -> None:
+    run = _run("baseline", 1 << 30, 2.0, 1.0, 0.0)
+    run.update(floor_s=None, floor_error="the floor's passes failed: OSError: boom")
+    (record,) = aggregate([run])
+    assert not record["floor_valid"]
+    assert "boom" in record["floor_invalid_why"]
 
 
 def test_claims_judge_each_rule() -> None:
@@ -132,23 +162,33 @@ def test_claims_judge_each_rule() -> None:
     results = []
     for i, limit in enumerate((gib, 2 * gib, 3 * gib)):
         dual = _run("dual", limit, 2.0, 1.0, 0.1 * (i + 1), direct=2_000_000_000)
-        dual["decode_floor_s"] = 1.9
+        dual.update(floor_s=1.9, floor_ratio=2.0 / 1.9)
         results += [
             dual,
             _run("baseline", limit, 4.0, 1.5, 0.0),
             _run("direct", limit, 2.0, 1.0, 0.0),
             _run("cache-policy", limit, 2.5, 1.2, 0.1),
         ]
+        for record in results[-3:]:
+            record.update(floor_s=1.0, floor_ratio=record["decode_s"])
     claims = evaluate_claims(results, working_set=8 * gib)
     assert claims["dual_hit_rate"]["r2"] == pytest.approx(1.0)
     best = claims["best_limit_below_working_set"]
     assert best["decode_speedup"] == pytest.approx(2.0)
     assert best["prefill_ok"]
     assert best["decode_ok"]
+    assert claims["floors"]["ok"]
+    assert all(row["within_15pct_of_floor"] for row in claims["per_limit"])
     assert claims["all_ok"]
     # dual slower than direct by more than 5 %: that claim fails and so does the whole.
     results[2]["decode_s"] = 1.5
     assert not evaluate_claims(results, working_set=8 * gib)["all_ok"]
+    results[2]["decode_s"] = 2.0
+    # dual more than 15 % above its floor: fails.
+    results[0].update(floor_s=1.7, floor_ratio=2.0 / 1.7)
+    claims = evaluate_claims(results, working_set=8 * gib)
+    assert not claims["per_limit"][0]["within_15pct_of_floor"]
+    assert not claims["all_ok"]
 
 
 def test_linear_r2_needs_spread() -> None:

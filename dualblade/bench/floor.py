@@ -1,0 +1,275 @@
+"""The decode floor of one run: how fast the run's own storage hands over the bytes it read.
+
+A sweep run measures its floor itself, right after its decode and before its context closes,
+so the floor is made of the same things as the decode it bounds:
+
+- the same storage and the same data: the context's own direct extents, and its own page-cache
+  files where they are now (the pages the decode found resident are still resident);
+- the same age of data: both machines here are VMs whose disk sits on the host, and data
+  written or read seconds ago may come back from the host's cache faster than the disk delivers
+  cold data, so a scratch file written minutes earlier is no reference for a run's own extents;
+- the same moves: the store's own engine (its ring, queue depth and chunk size), one request
+  per KPU of the rows the decode read, as many requests in flight as the store has copy threads.
+
+Three passes, each of them repeated and the fastest taken (noise only ever slows a pass down):
+
+- ``direct``: every direct KPU once, O_DIRECT through :meth:`KVStore.raw_direct_read`;
+- ``resident``: every page-cache KPU whose rows are all resident, a buffered read through the
+  store's engine — a memory copy out of the page cache, what a hit costs;
+- ``file_disk`` (runs without direct extents only): the page-cache KPUs that are not resident,
+  read O_DIRECT from their files, which is the disk's rate for the bytes the decode missed.
+
+:func:`decode_floor` then prices the decode's own bytes at these rates. The disk part (direct
+bytes and page-cache misses) and the memory part (hits) can overlap, so the floor is the larger
+of the two; the serial sum is reported beside it. It leaves out what decode also does (the
+appended rows' writes, the reads' checks, a real model's compute): the floor is a lower bound.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+
+from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer, DirectFile, PageCacheFile
+from dualblade.pipeline import KpuId, Medium
+from dualblade.store import KVContext, KVStore
+
+#: Each pass runs this often; the fastest counts.
+FLOOR_REPEATS = 3
+#: A decode that beats its floor by more than this is not bounded by it: the floor is invalid.
+VALID_RATIO = 0.95
+
+_FILE_MEDIA = (Medium.PAGE_CACHE, Medium.PAGE_CACHE_DROPPED, Medium.MMAP)
+
+#: ``(buffer, nbytes, offset)``: one request of a pass.
+ReadFn = Callable[[AlignedBuffer, int, int], Awaitable[Any]]
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """One pass over a source: the bytes it reads and the seconds each repetition took."""
+
+    nbytes: int
+    seconds: tuple[float, ...]
+
+    @property
+    def rate(self) -> float:
+        """Bytes per second of the fastest repetition."""
+        return self.nbytes / min(self.seconds)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "bytes": self.nbytes,
+            "seconds": [round(s, 4) for s in self.seconds],
+            "bytes_per_s": round(self.rate),
+        }
+
+
+@dataclass(frozen=True)
+class FloorRates:
+    """What the passes measured (None: that source did not exist in the run)."""
+
+    direct: PassTime | None = None
+    resident: PassTime | None = None
+    file_disk: PassTime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            name: None if rate is None else rate.to_dict()
+            for name, rate in (
+                ("direct", self.direct),
+                ("resident", self.resident),
+                ("file_disk", self.file_disk),
+            )
+        }
+
+
+@dataclass(frozen=True)
+class DecodeReads:
+    """The bytes a decode read, by where they came from."""
+
+    direct: int
+    page_cache: int  # through the page cache or the baseline's map, hits and misses
+    resident: int  # of ``page_cache``, resident when their read was requested
+
+
+def decode_floor(reads: DecodeReads, rates: FloorRates) -> dict[str, Any]:
+    """The floor of a decode that read ``reads``, at the run's measured ``rates``.
+
+    Returns ``floor_s`` (None when a source the decode read from could not be measured, with
+    ``floor_error`` saying which), ``floor_serial_s`` and the parts in ``floor``.
+    """
+    misses = max(0, reads.page_cache - reads.resident)
+    disk_rate_for_misses = rates.file_disk or rates.direct
+    missing = [
+        name
+        for name, needed, rate in (
+            ("direct extents", reads.direct, rates.direct),
+            ("page-cache misses (O_DIRECT)", misses, disk_rate_for_misses),
+            ("resident page-cache files", reads.resident, rates.resident),
+        )
+        if needed > 0 and rate is None
+    ]
+    detail: dict[str, Any] = {
+        "decode_direct_bytes": reads.direct,
+        "decode_miss_bytes": misses,
+        "decode_resident_bytes": reads.resident,
+        "passes": rates.to_dict(),
+    }
+    if missing:
+        return {
+            "floor_s": None,
+            "floor_serial_s": None,
+            "floor_error": f"no pass could read the run's {', '.join(missing)}",
+            "floor": detail,
+        }
+    disk_s = 0.0
+    if reads.direct:
+        assert rates.direct is not None
+        disk_s += reads.direct / rates.direct.rate
+    if misses:
+        assert disk_rate_for_misses is not None
+        disk_s += misses / disk_rate_for_misses.rate
+    memory_s = reads.resident / rates.resident.rate if rates.resident else 0.0
+    detail.update(disk_s=round(disk_s, 4), memory_s=round(memory_s, 4))
+    return {
+        "floor_s": max(disk_s, memory_s),
+        "floor_serial_s": disk_s + memory_s,
+        "floor": detail,
+    }
+
+
+async def _timed(
+    requests: Sequence[tuple[int, int]],
+    read: ReadFn,
+    memory: Sequence[AlignedBuffer],
+    in_flight: int,
+    repeats: int,
+) -> PassTime:
+    """Every request once per repetition, ``in_flight`` at a time, each into a buffer of its
+    own (buffers are shared round-robin when there are fewer)."""
+    queue = list(requests)
+    smallest = min(buffer.size for buffer in memory)
+    if any(nbytes > smallest for _, nbytes in queue):
+        raise ValueError(f"a floor pass's request is larger than its {smallest}-byte buffer")
+    seconds = []
+    for _ in range(repeats):
+        position = 0
+
+        async def worker(buffer: AlignedBuffer) -> None:
+            nonlocal position
+            while position < len(queue):
+                offset, nbytes = queue[position]
+                position += 1
+                await read(buffer, nbytes, offset)
+
+        start = time.perf_counter()
+        async with anyio.create_task_group() as tg:
+            for index in range(max(1, in_flight)):
+                tg.start_soon(worker, memory[index % len(memory)])
+        seconds.append(time.perf_counter() - start)
+    return PassTime(sum(n for _, n in queue), tuple(seconds))
+
+
+def _media(ctx: KVContext) -> Sequence[Medium]:
+    return ctx.plan.placement.media
+
+
+async def _files(ctx: KVContext) -> list[tuple[PageCacheFile, int]]:
+    """The context's page-cache files with the bytes its decode read from each."""
+    stride = ctx.file_layout.row_stride
+    out = []
+    for layer, medium in enumerate(_media(ctx)):
+        if medium in _FILE_MEDIA:
+            for tensor in ("K", "V"):
+                out.append((await ctx.file(KpuId(layer, tensor)), ctx.length(layer) * stride))
+    return out
+
+
+async def _direct_pass(
+    store: KVStore, ctx: KVContext, memory: Sequence[AlignedBuffer], repeats: int
+) -> PassTime | None:
+    layers = [layer for layer, m in enumerate(_media(ctx)) if m is Medium.DIRECT]
+    if not layers:
+        return None
+    lba_map = await ctx.direct_map()
+    layout = ctx.direct_layout
+    requests = []
+    for layer in layers:
+        rows_bytes = -(-ctx.length(layer) * layout.row_stride // layout.lba_size) * layout.lba_size
+        for tensor in ("K", "V"):
+            extent = lba_map.lookup(KpuId(layer, tensor))
+            requests.append((int(extent.byte_offset), min(rows_bytes, int(extent.nbytes))))
+
+    async def read(buffer: AlignedBuffer, nbytes: int, offset: int) -> None:
+        await store.raw_direct_read(buffer, nbytes, offset)
+
+    return await _timed(requests, read, memory, store.read_parallelism, repeats)
+
+
+async def _file_passes(
+    store: KVStore,
+    ctx: KVContext,
+    memory: Sequence[AlignedBuffer],
+    repeats: int,
+    *,
+    disk: bool,
+) -> tuple[PassTime | None, PassTime | None]:
+    """The resident pass, and (with ``disk``) the O_DIRECT pass over the files not resident."""
+    files = await _files(ctx)
+    resident = [(f, n) for f, n in files if n > 0 and f.resident_bytes(0, n) >= n]
+    engine = ctx.engine
+    resident_pass = None
+    if resident:
+        by_index = {index: f for index, (f, _) in enumerate(resident)}
+
+        async def cached(buffer: AlignedBuffer, nbytes: int, index: int) -> None:
+            await engine.pread(by_index[index], buffer, nbytes, 0)
+
+        requests = [(index, n) for index, (_, n) in enumerate(resident)]
+        resident_pass = await _timed(requests, cached, memory, store.read_parallelism, repeats)
+    if not disk:
+        return resident_pass, None
+    cold = [(f, n) for f, n in files if (f, n) not in resident] or files
+    targets = []
+    try:
+        for file, nbytes in cold:
+            aligned = nbytes // DIRECT_FILE_ALIGNMENT * DIRECT_FILE_ALIGNMENT
+            if aligned:
+                targets.append((DirectFile(file.name, aligned), aligned))
+        by_target = dict(enumerate(t for t, _ in targets))
+
+        async def direct(buffer: AlignedBuffer, nbytes: int, index: int) -> None:
+            await engine.pread(by_target[index], buffer, nbytes, 0)
+
+        requests = [(index, n) for index, (_, n) in enumerate(targets)]
+        disk_pass = (
+            await _timed(requests, direct, memory, store.read_parallelism, repeats)
+            if requests
+            else None
+        )
+    finally:
+        for target, _ in targets:
+            target.close()
+    return resident_pass, disk_pass
+
+
+async def measure_floor_rates(
+    store: KVStore,
+    ctx: KVContext,
+    memory: Sequence[AlignedBuffer],
+    *,
+    repeats: int = FLOOR_REPEATS,
+) -> FloorRates:
+    """Run the passes over ``ctx``'s storage (see the module docstring) into ``memory``: host
+    buffers each at least one KPU's image (the run's own read buffers where they are on the
+    host). Call it after the decode, while ``ctx`` is open."""
+    if not memory:
+        raise ValueError("the floor's passes need at least one host buffer")
+    direct = await _direct_pass(store, ctx, memory, repeats)
+    resident, file_disk = await _file_passes(store, ctx, memory, repeats, disk=direct is None)
+    return FloorRates(direct, resident, file_disk)

@@ -1,0 +1,108 @@
+"""The run's own floor: its arithmetic, and its passes over a real store's storage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dualblade.bench.floor import (
+    DecodeReads,
+    FloorRates,
+    PassTime,
+    decode_floor,
+    measure_floor_rates,
+)
+from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
+from dualblade.pipeline import PipelineConfig, config_from_mapping
+from dualblade.store import KVContext, open_store
+
+GB = 1_000_000_000
+
+
+def _rate(bytes_per_s: float) -> PassTime:
+    return PassTime(int(bytes_per_s), (1.5, 1.0, 1.2))  # the fastest repetition counts
+
+
+def test_the_floor_is_the_larger_path_and_the_serial_sum_is_beside_it() -> None:
+    reads = DecodeReads(direct=4 * GB, page_cache=6 * GB, resident=5 * GB)
+    rates = FloorRates(direct=_rate(2 * GB), resident=_rate(10 * GB))
+    floor = decode_floor(reads, rates)
+    # disk: 4 GB direct + 1 GB of misses at the direct extents' 2 GB/s; memory: 5 GB at 10 GB/s
+    assert floor["floor"]["disk_s"] == pytest.approx(2.5)
+    assert floor["floor"]["memory_s"] == pytest.approx(0.5)
+    assert floor["floor_s"] == pytest.approx(2.5)
+    assert floor["floor_serial_s"] == pytest.approx(3.0)
+
+
+def test_misses_of_a_run_without_direct_extents_are_priced_at_its_files_disk_rate() -> None:
+    reads = DecodeReads(direct=0, page_cache=3 * GB, resident=0)
+    floor = decode_floor(reads, FloorRates(file_disk=_rate(1 * GB)))
+    assert floor["floor_s"] == pytest.approx(3.0)
+    assert floor["floor"]["memory_s"] == 0.0
+
+
+def test_a_source_that_was_read_but_not_measured_leaves_no_floor() -> None:
+    reads = DecodeReads(direct=1 * GB, page_cache=1 * GB, resident=1 * GB)
+    floor = decode_floor(reads, FloorRates(direct=_rate(1 * GB)))
+    assert floor["floor_s"] is None
+    assert "resident page-cache files" in floor["floor_error"]
+
+
+def _config(tmp_path: Path, policy: str) -> PipelineConfig:
+    return config_from_mapping(
+        {
+            "model": {"num_layers": 4, "hidden_size": 512, "num_heads": 8, "dtype": "float16"},
+            "workload": {"batch": 4, "prompt_len": 60, "max_new_tokens": 4},
+            # a layer's K and V take 2 x 64 rows x 4 KiB: two of the four layers in 1 MiB
+            "memory": {"page_cache_budget": "1MiB", "knob_x": "1MiB"},
+            "storage": {
+                "direct": {"path": str(tmp_path / "direct.kv")},
+                "page_cache_dir": str(tmp_path / "pc"),
+            },
+            "policy": policy,
+            "copy_threads": 2,
+        },
+        source="test",
+        env={},
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "cache-policy"])
+async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str) -> None:
+    config = _config(tmp_path, policy)
+    buffers = read_buffers(config, "cpu")
+    memory = [b.landings[0].buffer for b in buffers if b.landings[0] is not None]
+    seen: list[FloorRates] = []
+    row = 4 * 512 * 2  # batch 4 x 512 halfs
+
+    async with open_store(config, device="cpu") as store:
+
+        async def after_decode(ctx: KVContext) -> None:
+            seen.append(await measure_floor_rates(store, ctx, memory, repeats=2))
+
+        await run_sweep_workload(
+            store,
+            decode_steps=3,
+            data=derive_kv(config, 0),
+            buffers=buffers,
+            after_decode=after_decode,
+        )
+    (rates,) = seen
+    direct_layers = {"dual": 2, "direct": 4}.get(policy, 0)
+    kpu = 63 * row  # the rows the decode had written at its end: 60 + 3
+    if direct_layers:
+        assert rates.direct is not None
+        assert rates.direct.nbytes == direct_layers * 2 * kpu
+        assert len(rates.direct.seconds) == 2
+        assert rates.file_disk is None
+    else:
+        assert rates.direct is None
+        assert rates.file_disk is not None  # the files read O_DIRECT: the disk's rate
+    if policy in ("dual", "page-cache", "cache-policy"):
+        # the layers kept resident (cache-policy drops the ones beyond its budget)
+        assert rates.resident is not None
+        assert rates.resident.nbytes == {"page-cache": 4}.get(policy, 2) * 2 * kpu
+    else:
+        assert rates.resident is None
