@@ -175,15 +175,11 @@ async def _timed(
     return PassTime(sum(n for _, n in queue), tuple(seconds))
 
 
-def _media(ctx: KVContext) -> Sequence[Medium]:
-    return ctx.plan.placement.media
-
-
 async def _files(ctx: KVContext) -> list[tuple[PageCacheFile, int]]:
     """The context's page-cache files with the bytes its decode read from each."""
     stride = ctx.file_layout.row_stride
     out = []
-    for layer, medium in enumerate(_media(ctx)):
+    for layer, medium in enumerate(ctx.media):
         if medium in _FILE_MEDIA:
             for tensor in ("K", "V"):
                 out.append((await ctx.file(KpuId(layer, tensor)), ctx.length(layer) * stride))
@@ -193,13 +189,14 @@ async def _files(ctx: KVContext) -> list[tuple[PageCacheFile, int]]:
 async def _direct_pass(
     store: KVStore, ctx: KVContext, memory: Sequence[AlignedBuffer], repeats: int
 ) -> PassTime | None:
-    layers = [layer for layer, m in enumerate(_media(ctx)) if m is Medium.DIRECT]
+    layers = [layer for layer, m in enumerate(ctx.media) if m is Medium.DIRECT]
     if not layers:
         return None
-    lba_map = await ctx.direct_map()
     layout = ctx.direct_layout
     requests = []
     for layer in layers:
+        # the shared run of the plan's direct layers, or the layer's own if it was moved there
+        lba_map = await ctx.layer_direct_map(layer)
         rows_bytes = -(-ctx.length(layer) * layout.row_stride // layout.lba_size) * layout.lba_size
         for tensor in ("K", "V"):
             extent = lba_map.lookup(KpuId(layer, tensor))
