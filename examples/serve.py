@@ -14,10 +14,14 @@ Every response line is one JSON document (newline-delimited JSON): a ``{"step": 
 One store serves the whole process (its actors, copy threads and pinned buffers are set up
 once, in the app's lifespan); each request gets its own context — its own extent on the direct
 target and its own page-cache files — released when the request ends, also when the client
-goes away mid-stream. Because a store's tensors have a fixed shape, the batch and prompt length
-are the service's (``--batch``, ``--prompt-len``) and ``gen_len`` may go up to ``--gen-len``.
-A request with ``{"seed": s}`` gets the prompts ``dualblade generate --seed s`` draws; with the
-service's weight seed equal to ``s`` too (``--seed s``), it gets that command's very tokens.
+goes away mid-stream. All contexts share the store's one page-cache budget (its ledger, on
+``/metrics``): a new request gets its fair share, moved to it from the others' layers while they
+decode, and a finished one gives its share back. Each request has its own shape: any batch up
+to ``--batch`` and any prompt with prompt + ``gen_len`` up to ``--prompt-len`` + ``--gen-len``
+rows (the store's workload, which sizes its copy buffers), with nothing padded.
+A request with ``{"seed": s}`` gets the prompts ``dualblade generate --seed s`` draws
+(``"batch"`` and ``"prompt_len"`` choose their size); with the service's weight seed equal to
+``s`` too (``--seed s``), it gets that command's very tokens.
 """
 
 from __future__ import annotations
@@ -130,7 +134,8 @@ async def _stream(live: _Live, prompts: torch.Tensor, gen_len: int) -> AsyncIter
     times: list[float] = []
     start = time.perf_counter()
     try:
-        async with contextlib.aclosing(live.model.stream(prompts, gen_len, live.kv)) as tokens:
+        request = live.model.stream(prompts, gen_len, live.kv, fit=True)
+        async with contextlib.aclosing(request) as tokens:
             async for token in tokens:
                 now = time.perf_counter()
                 times.append(now - start)
@@ -156,21 +161,33 @@ def _parse(body: Any, live: _Live) -> tuple[torch.Tensor, int]:
     settings = live.settings
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
-    unknown = set(body) - {"prompt_ids", "seed", "gen_len"}
+    unknown = set(body) - {"prompt_ids", "seed", "gen_len", "batch", "prompt_len"}
     if unknown:
-        raise ValueError(f"unknown fields {sorted(unknown)}; use prompt_ids or seed, and gen_len")
+        raise ValueError(
+            f"unknown fields {sorted(unknown)}; use prompt_ids, or seed with batch and "
+            "prompt_len, and gen_len"
+        )
     gen_len = int(body.get("gen_len", settings.gen_len))
-    if not 1 <= gen_len <= settings.gen_len:
-        raise ValueError(f"gen_len must be in 1..{settings.gen_len}")
+    rows = settings.prompt_len + settings.gen_len
+    if not 1 <= gen_len < rows:
+        raise ValueError(f"gen_len must be in 1..{rows - 1}")
     if "prompt_ids" in body:
         prompts = torch.tensor(body["prompt_ids"], dtype=torch.int64)
-        want = (settings.batch, settings.prompt_len)
-        if tuple(prompts.shape) != want:
-            raise ValueError(f"prompt_ids must be {want[0]} lists of {want[1]} token ids")
+        if prompts.dim() != 2:
+            raise ValueError("prompt_ids must be a list of equally long lists of token ids")
+        batch, prompt_len = prompts.shape
+    else:
+        batch = int(body.get("batch", settings.batch))
+        prompt_len = int(body.get("prompt_len", settings.prompt_len))
+        seed = int(body.get("seed", settings.seed))
+        prompts = torch.empty(0)
+    if not 1 <= batch <= settings.batch:
+        raise ValueError(f"a request's batch must be in 1..{settings.batch}")
+    if prompt_len < 1 or prompt_len + gen_len > rows:
+        raise ValueError(f"prompt length + gen_len must be at most {rows} (and the prompt >= 1)")
+    if "prompt_ids" in body:
         return prompts, gen_len
-    seed = int(body.get("seed", settings.seed))
-    vocab = live.model.arch.vocab_size
-    return random_prompts(settings.batch, settings.prompt_len, vocab, seed), gen_len
+    return random_prompts(batch, prompt_len, live.model.arch.vocab_size, seed), gen_len
 
 
 def _line(document: dict[str, Any]) -> bytes:

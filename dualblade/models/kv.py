@@ -47,7 +47,12 @@ class KVProvider(Protocol):
     @property
     def read_parallelism(self) -> int: ...
 
-    def context(self) -> AbstractAsyncContextManager[KVCache]: ...
+    def context(
+        self, *, batch: int | None = None, max_len: int | None = None
+    ) -> AbstractAsyncContextManager[KVCache]:
+        """A request's cache; ``batch`` and ``max_len`` (rows) size it for the request, up
+        to the provider's workload (None: the provider's)."""
+        ...
 
     def iteration(self) -> AbstractAsyncContextManager[Any]: ...
 
@@ -143,11 +148,17 @@ class MemoryKV:
         return 1
 
     @contextlib.asynccontextmanager
-    async def context(self) -> AsyncIterator[MemoryKVContext]:
-        """A new request's cache, dropped when the block exits."""
+    async def context(
+        self, *, batch: int | None = None, max_len: int | None = None
+    ) -> AsyncIterator[MemoryKVContext]:
+        """A new request's cache (of its own batch and rows, if given), dropped when the block
+        exits."""
+        layers, own_batch, own_len, width, dtype, device = self._spec
         self.open_contexts += 1
         try:
-            yield MemoryKVContext(*self._spec)
+            yield MemoryKVContext(
+                layers, batch or own_batch, max_len or own_len, width, dtype, device
+            )
         finally:
             self.open_contexts -= 1
 

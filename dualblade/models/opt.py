@@ -233,7 +233,7 @@ class OptModel:
             )
 
     async def stream(
-        self, prompt_ids: torch.Tensor, gen_len: int, kv: KVProvider
+        self, prompt_ids: torch.Tensor, gen_len: int, kv: KVProvider, *, fit: bool = False
     ) -> AsyncGenerator[torch.Tensor, None]:
         """Greedy-decode ``gen_len`` tokens for ``prompt_ids`` ``[batch, seq]``, one step at a
         time: yields each step's tokens ``[batch]`` (CPU int64).
@@ -243,14 +243,19 @@ class OptModel:
         comes from prefill, each further one from a decode step bracketed by
         ``kv.iteration()``, which appends the previous token's K and V.
 
+        ``fit``: a context of the request's own batch and length (prompt + ``gen_len``), as a
+        service of requests of many sizes on one store wants; else the store's shape.
+
         Raises:
             ConfigError: see :meth:`check_request`.
-            KVShapeError: the store was configured for another batch or length.
+            KVShapeError: the store was configured for another batch or length (or, with
+                ``fit``, a smaller one).
         """
         self.check_request(prompt_ids, gen_len)
         ids = prompt_ids.t().contiguous()
         prompt_len = ids.shape[0]
-        async with kv.context() as cache:
+        shape = {"batch": ids.shape[1], "max_len": prompt_len + gen_len} if fit else {}
+        async with kv.context(**shape) as cache:
             logits = await self._prefill(cache, ids)
             token = logits.argmax(dim=-1).cpu()
             yield token

@@ -54,8 +54,12 @@ class BlockingStore:
         self.store = store
 
     @contextlib.contextmanager
-    def context(self) -> Iterator[BlockingContext]:
-        with self._portal.wrap_async_context_manager(self.store.context()) as context:
+    def context(
+        self, *, batch: int | None = None, max_len: int | None = None, dtype: str | None = None
+    ) -> Iterator[BlockingContext]:
+        """A context of its own shape (None: the store's), as :meth:`KVStore.context`."""
+        manager = self.store.context(batch=batch, max_len=max_len, dtype=dtype)
+        with self._portal.wrap_async_context_manager(manager) as context:
             yield BlockingContext(self._portal, context)
 
     def metrics(self) -> dict[str, Any]:

@@ -278,6 +278,30 @@ def test_caches_in_one_shared_store(model, prompt, tmp_path):
     assert torch.equal(ours_other.sequences, reference_other.sequences)
 
 
+@pytest.mark.parametrize("policy", ["dual", "direct"])
+def test_caches_of_different_sizes_in_one_store(model, prompt, tmp_path, policy):
+    """Requests of other batch sizes and prompt lengths share one store, none padded."""
+    single = prompt[:1, : PROMPT - 3]
+    reference_full = _generate(model, prompt)
+    reference_single = _generate(model, single)
+    config = DualBladeCache(model.config, PROMPT + NEW, batch_size=BATCH).config_for(BATCH)
+    data = config.model_dump()
+    data["storage"] = _storage(tmp_path)
+    data["policy"] = policy
+    with open_store_blocking(config_from_mapping(data, env={}), device="cpu") as store:
+        full = DualBladeCache.in_store(model.config, store)
+        small = DualBladeCache.in_store(
+            model.config, store, batch_size=1, max_cache_len=PROMPT - 3 + NEW
+        )
+        with full, small:
+            ours_full = _generate(model, prompt, cache=full)
+            ours_single = _generate(model, single, cache=small)
+            assert store.metrics()["open_contexts"] == 2
+        assert store.metrics()["ledger"]["placed_bytes"] == 0
+    assert torch.equal(ours_full.sequences, reference_full.sequences)
+    assert torch.equal(ours_single.sequences, reference_single.sequences)
+
+
 def test_a_store_for_another_shape_is_refused(model, tiny_config, tmp_path):
     config = DualBladeCache(tiny_config, 8, batch_size=1).config_for(1)
     data = config.model_dump()

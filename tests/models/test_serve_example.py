@@ -154,8 +154,11 @@ async def test_tokens_leave_as_each_step_finishes(
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({"gen_len": 9}, "gen_len must be in 1..8"),
-        ({"prompt_ids": [[1, 2, 3]]}, "4 lists of 64"),
+        ({"gen_len": 9}, "at most 72"),
+        ({"gen_len": 0}, "gen_len must be in 1..71"),
+        ({"prompt_ids": [[1, 2, 3]] * 5}, "batch must be in 1..4"),
+        ({"batch": 2, "prompt_len": 70, "gen_len": 3}, "at most 72"),
+        ({"prompt_ids": [1, 2, 3]}, "equally long lists"),
         ({"prompt": "hello"}, "unknown fields"),
         ({"prompt_ids": [[5000] * 64] * 4}, "lie in [0, 1024)"),
     ],
@@ -165,3 +168,31 @@ async def test_bad_requests_get_400(client: Any, body: dict[str, Any], message: 
     assert response.status_code == 400
     assert message in response.json()["error"]
     assert (await client.get("/health")).json()["active"] == 0
+
+
+async def test_requests_of_different_sizes_share_one_store(client: Any, opt_tiny: OptModel) -> None:
+    """Three requests of other batches and lengths at once, none padded: each gets what the
+    in-memory reference generates for it, and the store's ledger is on /metrics."""
+    sizes = {"small": (1, 20, 8), "full": (4, 64, 8), "long": (2, 30, 40)}
+    prompts = {
+        name: random_prompts(b, p, 1024, seed=i)
+        for i, (name, (b, p, _)) in enumerate(sizes.items())
+    }
+    responses: dict[str, Any] = {}
+
+    async def ask(name: str) -> None:
+        body = {"prompt_ids": prompts[name].tolist(), "gen_len": sizes[name][2]}
+        responses[name] = await client.post("/generate", json=body)
+
+    async with anyio.create_task_group() as tg:
+        for name in sizes:
+            tg.start_soon(ask, name)
+    for name, (batch, prompt_len, gen_len) in sizes.items():
+        kv = MemoryKV(
+            layers=4, batch=batch, max_len=prompt_len + gen_len, width=64, dtype=torch.float16
+        )
+        reference = (await opt_tiny.generate(prompts[name], gen_len, kv)).tokens.tolist()
+        assert lines(responses[name])[-1]["token_ids"] == reference, name
+    metrics = (await client.get("/metrics")).text
+    assert "ledger_budget_bytes" in metrics
+    assert "ledger_placed_bytes 0" in metrics  # every request gave its share back

@@ -92,7 +92,11 @@ class Backing:
                                 memory_limit=self.memory_limit,
                             )
                         )
-                    self._context = self._stack.enter_context(store.context())
+                    if self.shared_store is None:
+                        self._context = self._stack.enter_context(store.context())
+                    else:  # one request of many: a context of the request's own shape
+                        shaped = store.context(batch=batch_size, max_len=self.max_cache_len)
+                        self._context = self._stack.enter_context(shaped)
                 except BaseException:
                     self._stack.close()
                     raise
@@ -126,7 +130,8 @@ class Backing:
                 f"model has {ours[0]} layers of {ours[1]} x {ours[2]}"
             )
         self.shared_store = store
-        self.batch_size = config.workload.batch
+        if self.batch_size is None:
+            self.batch_size = config.workload.batch
 
     def context(self) -> BlockingContext:
         """The open context.

@@ -72,19 +72,33 @@ class DualBladeCache(Cache):
         self._finalizer = weakref.finalize(self, self._backing.close)
 
     @classmethod
-    def in_store(cls, config: PreTrainedConfig, store: BlockingStore) -> Self:
+    def in_store(
+        cls,
+        config: PreTrainedConfig,
+        store: BlockingStore,
+        *,
+        batch_size: int | None = None,
+        max_cache_len: int | None = None,
+    ) -> Self:
         """A cache that takes one context of a store the caller opened and closes.
 
         One store serves many caches at once (one per request), each in its own context
-        and storage: two caches that opened stores of their own on one target would collide.
-        The store's config must describe this model (layers, KV heads, head size); its
-        workload gives the batch and ``max_cache_len``, its model dtype the KV dtype.
+        and storage, under the store's one page-cache budget: two caches that opened stores
+        of their own on one target would collide. The store's config must describe this model
+        (layers, KV heads, head size), its model dtype gives the KV dtype. ``batch_size`` and
+        ``max_cache_len`` are this request's (default: the store's workload, which is also
+        their upper bound), so requests of different sizes share one store unpadded.
 
         Raises:
             DualBladeCacheError: the store was configured for another model shape.
+            KVShapeError: a request larger than the store's workload (on first use).
         """
         workload = store.store.config.workload
-        cache = cls(config, workload.max_len, batch_size=workload.batch)
+        cache = cls(
+            config,
+            max_cache_len or workload.max_len,
+            batch_size=batch_size or workload.batch,
+        )
         cache._backing.share(store)
         return cache
 
