@@ -32,7 +32,7 @@ from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
 from dualblade.integrations.lmcache.completions import Completions
-from dualblade.integrations.lmcache.object_store import ObjectStore
+from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
 from dualblade.logs import get_logger
@@ -247,6 +247,12 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             await self._idle.wait()
         await self.objects.close()
         self._last_stats = collect_stats(self)
+
+    def placement(self, key: Any) -> Placement | None:
+        """Where the object of ``key`` was placed when stored (None: not held): the medium, and
+        on the direct path the target's byte range it occupies."""
+        result: Placement | None = self._portal.call(self.objects.placement, key)
+        return result
 
     # -- observing -------------------------------------------------------------------------------
     def stats(self) -> AdapterStats:

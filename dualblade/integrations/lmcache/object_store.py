@@ -31,6 +31,7 @@ from dualblade.integrations.lmcache.objects import (
 )
 from dualblade.integrations.lmcache.params import ObjectGeometry
 from dualblade.logs import get_logger
+from dualblade.pipeline import KpuId, Medium
 from dualblade.store import KVContext, KVStore
 
 _log = get_logger(__name__)
@@ -50,6 +51,15 @@ class Slot:
         """TRIM the context's direct run or unlink its files; never interrupted."""
         with anyio.CancelScope(shield=True):
             await self.scope.__aexit__(None, None, None)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where an object was placed when it was stored: the medium, and on the direct path the
+    byte range of the target that its K and V occupy (consecutive blocks)."""
+
+    medium: str
+    direct_bytes: tuple[int, int] | None
 
 
 @dataclass
@@ -207,6 +217,20 @@ class ObjectStore:
         self.counters.load_hits += 1
         self.counters.load_bytes += entry.size
         return True
+
+    async def placement(self, key: Hashable) -> Placement | None:
+        """Where the object of ``key`` was placed (None: no such object)."""
+        entry = self.index.ready(key)
+        if entry is None:
+            return None
+        if entry.medium != str(Medium.DIRECT):
+            return Placement(entry.medium, None)
+        lba_map = await entry.slot.ctx.direct_map()
+        k, v = (lba_map.lookup(KpuId(0, t)) for t in ("K", "V"))
+        start = min(k.byte_offset, v.byte_offset)
+        return Placement(
+            entry.medium, (start, max(k.byte_offset + k.nbytes, v.byte_offset + v.nbytes))
+        )
 
     # -- let go ----------------------------------------------------------------------------------
     async def remove(self, keys: Sequence[Hashable], *, evicted: bool) -> list[Entry]:

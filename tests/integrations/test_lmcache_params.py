@@ -1,0 +1,99 @@
+"""adapter_params: the embedded default with the adapter's own folder, a config file with keys
+laid over it, and one clear error for each kind of mistake, at construction."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dualblade.integrations.lmcache import (
+    AdapterParamsError,
+    DualBladeL2Adapter,
+    ObjectGeometry,
+    resolve_params,
+)
+
+
+@pytest.fixture(autouse=True)
+def _cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    for name in list(os.environ):
+        if name.startswith("DUALBLADE__"):
+            monkeypatch.delenv(name)
+
+
+def test_empty_params_run_the_embedded_default_in_a_folder_of_its_own(tmp_path: Path) -> None:
+    first, second = resolve_params({}), resolve_params(None)
+    try:
+        config = first.config
+        assert first.scratch is not None
+        assert first.scratch.parent == tmp_path / "cache" / "dualblade"
+        assert config.storage.direct.kind == "file"
+        assert config.storage.direct.path == first.scratch / "direct.kv"
+        assert config.storage.page_cache_dir == first.scratch / "page-cache"
+        assert second.scratch != first.scratch  # two adapters never share a file
+        assert config.storage.direct.extent_size == first.capacity == 4 << 30
+        assert config.memory.knob_x is None  # the page-cache share follows the budget
+        assert config.copy_threads == 8
+        assert first.geometry == ObjectGeometry(row_bytes=4096, max_rows=128)  # 1 MiB objects
+        shape = config.shape()
+        assert (shape.num_layers, shape.dtype) == (1, "float16")
+        assert config.workload.max_len == 128
+    finally:
+        first.remove_scratch()
+        second.remove_scratch()
+    assert not first.scratch.exists()
+
+
+def test_a_config_file_with_keys_laid_over_it(tmp_path: Path) -> None:
+    path = tmp_path / "kv.toml"
+    path.write_text(
+        'policy = "direct"\ncopy_threads = 3\n[model]\npreset = "opt-125m"\n'
+        "[workload]\nbatch = 1\nprompt_len = 8\nmax_new_tokens = 0\n"
+        f'[storage]\npage_cache_dir = "{tmp_path}/pc"\n'
+        f'[storage.direct]\npath = "{tmp_path}/d.kv"\nextent_size = "1GiB"\n'
+    )
+    setup = resolve_params(
+        {"config": str(path), "copy_threads": 5, "object_size": "256KiB", "capacity": "512MiB"}
+    )
+    assert setup.scratch is None  # every path is the file's
+    assert setup.config.policy == "direct"
+    assert setup.config.copy_threads == 5
+    assert setup.config.storage.direct.path == tmp_path / "d.kv"
+    assert setup.capacity == 512 << 20
+    assert setup.geometry.max_rows == 32  # 256 KiB: 32 rows of K, 32 of V
+    assert setup.config.shape().num_layers == 1  # the file's model is the adapter's to set
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"capcity": "1GiB"}, r"adapter_params\.capcity: unknown key; the keys allowed are"),
+        ({"model": {"preset": "opt-1.3b"}}, r"adapter_params\.model: the adapter sets"),
+        ({"workload": {}}, r"adapter_params\.workload"),
+        ({"capacity": "lots"}, r"adapter_params\.capacity: 'lots' is not a size"),
+        ({"object_size": 0}, r"adapter_params\.object_size must be positive"),
+        ({"copy_threads": 0}, r"copy_threads: Input should be greater than or equal to 1"),
+        ({"storage": {"direct": {"kind": "tape"}}}, r"kind must be one of"),
+        ({"config": "/nonexistent/kv.toml"}, r"adapter_params\.config: .*No such file"),
+        ({"config": 7}, r"adapter_params\.config must be a file path"),
+        (
+            {
+                "capacity": "2GiB",
+                "storage": {"direct": {"kind": "block", "path": "/dev/x", "extent_size": "1GiB"}},
+            },
+            r"capacity \(2147483648 bytes\) is more than the direct target's extent_size",
+        ),
+    ],
+)
+def test_bad_params_fail_at_construction_with_the_key(params: dict, message: str) -> None:
+    with pytest.raises(AdapterParamsError, match=message):
+        DualBladeL2Adapter(params)
+
+
+def test_a_failed_construction_leaves_no_folder(tmp_path: Path) -> None:
+    with pytest.raises(AdapterParamsError):
+        DualBladeL2Adapter({"copy_threads": 0})
+    assert list((tmp_path / "cache" / "dualblade").glob("lmcache-*")) == []
