@@ -206,7 +206,10 @@ class KVContext:
         return Load(span, view, destination, Reply(), landing)
 
     async def _both(
-        self, message_for: Callable[[TensorKind], Awaitable[Load | Store]]
+        self,
+        message_for: Callable[[TensorKind], Awaitable[Load | Store]],
+        *,
+        urgent: bool = False,
     ) -> list[TransferStats]:
         """Hand K's and V's transfers to copy threads, then await both.
 
@@ -218,26 +221,13 @@ class KVContext:
         :meth:`close` freed the run — over another context's new data. The first error is
         raised (K's before V's).
         """
-        return await self._transfer_all([await message_for("K"), await message_for("V")])
+        messages = [await message_for("K"), await message_for("V")]
+        return await self._transfer_all(messages, urgent=urgent)
 
-    async def _transfer_all(self, messages: list[Load | Store]) -> list[TransferStats]:
-        """Send ``messages`` to copy threads together and await them (see :meth:`_both`)."""
-        pool = self._runtime.pool
-        leases = await pool.acquire(len(messages))
-        accepted: list[Reply[TransferStats]] = []
-        try:
-            for message, index in zip(messages, leases, strict=True):
-                await pool.threads[index].send(message)
-                accepted.append(message.reply)
-            return [await reply.wait() for reply in accepted]
-        except BaseException:
-            with anyio.CancelScope(shield=True):
-                for reply in accepted:
-                    await reply.settled()
-            raise
-        finally:
-            for index in leases:
-                pool.release(index)
+    async def _transfer_all(
+        self, messages: list[Load | Store], *, urgent: bool = False
+    ) -> list[TransferStats]:
+        return await self._runtime.pool.transfer_all(messages, urgent=urgent)
 
     async def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Write rows ``[0, t)`` of a layer's K and V (prefill); ``t`` = ``k.shape[0]``.
@@ -289,7 +279,10 @@ class KVContext:
                 )
             span = RowRange.row(t)
             await self._both(
-                lambda kind: self._store_message(layer, kind, span, k_row if kind == "K" else v_row)
+                lambda kind: self._store_message(
+                    layer, kind, span, k_row if kind == "K" else v_row
+                ),
+                urgent=True,
             )
             self._lengths[layer] = t + 1
         return t + 1
@@ -344,7 +337,8 @@ class KVContext:
             await self._both(
                 lambda t: self._load_message(
                     layer, t, span, *((k, landings[0]) if t == "K" else (v, landings[1]))
-                )
+                ),
+                urgent=True,
             )
         return k, v
 
