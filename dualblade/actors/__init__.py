@@ -49,3 +49,4 @@ from dualblade.actors.strategy_probe import ProbeMessage as ProbeMessage
 from dualblade.actors.strategy_probe import ProbeState as ProbeState
 from dualblade.actors.strategy_probe import StrategyName as StrategyName
 from dualblade.actors.strategy_probe import StrategyProbeActor as StrategyProbeActor
+from dualblade.actors.strategy_probe import TrafficChanged as TrafficChanged

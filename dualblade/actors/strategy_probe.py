@@ -75,6 +75,14 @@ class BudgetChanged:
 
 
 @dataclass(frozen=True)
+class TrafficChanged:
+    """The mix of contexts the store serves changed (``active`` contexts now): the traffic the
+    last probe measured is not the traffic now; probe again."""
+
+    active: int
+
+
+@dataclass(frozen=True)
 class GetStrategy:
     """Ask for the probe's state."""
 
@@ -90,7 +98,7 @@ class ProbeState:
     throughput: dict[str, float]
 
 
-ProbeMessage = IterationStart | IterationEnd | BudgetChanged | GetStrategy
+ProbeMessage = IterationStart | IterationEnd | BudgetChanged | TrafficChanged | GetStrategy
 
 
 class StrategyProbeActor(Actor[ProbeMessage]):
@@ -114,6 +122,7 @@ class StrategyProbeActor(Actor[ProbeMessage]):
         self._restart_at_next = False
         self._throughput: dict[str, float] = {}
         self._phase_of_step: dict[int, str] = {}
+        self.reprobes = 0  # budget or traffic changes that asked for a new probe
 
     def _phase(self, step: int) -> str:
         position = step - self._probe_start + 1
@@ -139,7 +148,8 @@ class StrategyProbeActor(Actor[ProbeMessage]):
                 self.tracer.counter("probe throughput", **{phase: self._throughput[phase]})
             if phase == "cross" and not self.locked:
                 self._lock()
-        elif isinstance(message, BudgetChanged):
+        elif isinstance(message, BudgetChanged | TrafficChanged):
+            self.reprobes += 1
             if self.mode == "auto":
                 self.locked = False
                 self._throughput.clear()

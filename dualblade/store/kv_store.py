@@ -35,6 +35,7 @@ from dualblade.actors import (
     ProbeState,
     Reply,
     StrategyName,
+    TrafficChanged,
 )
 from dualblade.errors import ConfigError, plain_errors
 from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, Target
@@ -80,6 +81,7 @@ class KVStore:
         self.open_contexts = 0
         self._step = 0
         self._budget_cap: int | None = None
+        self._traffic_band: int | None = None
         self.ledger = ResidencyLedger(self._ledger_budget(), share_policy)
         self._contexts: dict[int, KVContext] = {}
         self.replanner = Replanner(self.ledger, self._contexts)
@@ -124,11 +126,14 @@ class KVStore:
         ctx = KVContext(self, context, plan)
         self._contexts[context] = ctx
         self.open_contexts += 1
+        await self._traffic_changed()
         try:
             yield ctx
         finally:
             self.open_contexts -= 1
             del self._contexts[context]
+            with anyio.CancelScope(shield=True):
+                await self._traffic_changed()
             try:
                 await ctx.close()
             finally:
@@ -164,6 +169,17 @@ class KVStore:
             raise
         self.replanner.wake()
         return plan
+
+    async def _traffic_changed(self) -> None:
+        """Re-probe the overlap strategy when the number of open contexts moves to another
+        power-of-two band (1, 2, 3-4, 5-8, ...): the probe measures the traffic the store
+        carries, and that changes with the mix of requests. Bands, not every arrival: under
+        serving churn a probe per arrival would never lock."""
+        band = (self.open_contexts - 1).bit_length() if self.open_contexts else -1
+        if band != self._traffic_band:
+            if self._traffic_band is not None and self.open_contexts:
+                await self.runtime.probe.send(TrafficChanged(self.open_contexts))
+            self._traffic_band = band
 
     # -- the budget ----------------------------------------------------------------------------
     def _ledger_budget(self) -> int:

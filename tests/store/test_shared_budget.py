@@ -368,3 +368,20 @@ async def test_the_budgeters_readings_replan_live_contexts(
         assert "dualblade_ledger_demotions 3" in store.prometheus()
         for layer in range(LAYERS):
             await requests.check(ctx, layer)
+
+
+async def test_a_new_mix_of_contexts_probes_the_strategy_again(make_config: MakeConfig) -> None:
+    config = _config(make_config)
+    async with open_store(config, device="cpu") as store, store.context():
+        for _ in range(3):  # warm-up, intra, cross: then it locks
+            async with store.iteration():
+                pass
+        assert (await store.strategy()).locked
+        async with store.context():  # two contexts now: other traffic
+            assert not (await store.strategy()).locked
+            for _ in range(3):
+                async with store.iteration():
+                    pass
+            assert (await store.strategy()).locked
+        assert not (await store.strategy()).locked  # back to one
+        assert store.runtime.probe.reprobes == 2
