@@ -42,11 +42,25 @@ def test_misses_of_a_run_without_direct_extents_are_priced_at_its_files_disk_rat
     assert floor["floor"]["memory_s"] == 0.0
 
 
-def test_a_source_that_was_read_but_not_measured_leaves_no_floor() -> None:
+def test_a_disk_source_that_was_read_but_not_measured_leaves_no_floor() -> None:
+    reads = DecodeReads(direct=1 * GB, page_cache=0, resident=0)
+    floor = decode_floor(reads, FloorRates(resident=_rate(1 * GB)))
+    assert floor["floor_s"] is None
+    assert "direct extents" in floor["floor_error"]
+
+
+def test_untimed_hits_leave_the_disk_part_alone_as_a_looser_floor() -> None:
     reads = DecodeReads(direct=1 * GB, page_cache=1 * GB, resident=1 * GB)
     floor = decode_floor(reads, FloorRates(direct=_rate(1 * GB)))
-    assert floor["floor_s"] is None
-    assert "resident page-cache files" in floor["floor_error"]
+    assert floor["floor_s"] == pytest.approx(1.0)
+    assert "memory part counts as 0" in floor["floor"]["note"]
+
+
+def test_misses_are_priced_at_the_faster_disk_rate() -> None:
+    # buffered cold reads can beat O_DIRECT on a VM: the floor takes the faster
+    reads = DecodeReads(direct=2 * GB, page_cache=2 * GB, resident=0)
+    rates = FloorRates(direct=_rate(1 * GB), file_disk=_rate(2 * GB))
+    assert decode_floor(reads, rates)["floor"]["disk_s"] == pytest.approx(2.0 + 1.0)
 
 
 def _config(tmp_path: Path, policy: str) -> PipelineConfig:
@@ -96,10 +110,13 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
         assert rates.direct is not None
         assert rates.direct.nbytes == direct_layers * 2 * kpu
         assert len(rates.direct.seconds) == 2
-        assert rates.file_disk is None
     else:
         assert rates.direct is None
-        assert rates.file_disk is not None  # the files read O_DIRECT: the disk's rate
+    if policy == "cache-policy":  # layers 2-3 are dropped after each use: read cold
+        assert rates.file_disk is not None
+        assert rates.file_disk.nbytes == 2 * 2 * kpu
+    else:  # nothing the decode read from the page cache has left it
+        assert rates.file_disk is None
     if policy in ("dual", "page-cache", "cache-policy"):
         # the layers kept resident (cache-policy drops the ones beyond its budget)
         assert rates.resident is not None
