@@ -17,16 +17,20 @@ and the store must hold no extent or file.
 The parts: :mod:`.soak_options` (what to run, on which store), :mod:`.soak_worker` (the workers
 and their sessions), :mod:`.soak_ledger` (what they observed, and how a fault is accounted),
 :mod:`.soak_memory` (the sampler) and :mod:`.soak_report` (the JSON document and its verdict).
+Two modes change where the store runs: ``full_disk`` puts the folder on a small tmpfs
+(:mod:`.soak_disk`), ``kill_restart`` runs the store in child processes that are killed and
+restarted (:mod:`.soak_restart`, :mod:`.soak_child`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 
@@ -37,13 +41,14 @@ from dualblade.bench.process_stats import (
     memory_sample,
     open_fds,
 )
+from dualblade.bench.soak_disk import DiskFiller, full_disk_bytes, small_file_system
 from dualblade.bench.soak_memory import MemorySampler, settled_memory
 from dualblade.bench.soak_options import SoakOptions, soak_config
 from dualblade.bench.soak_report import soak_document
 from dualblade.bench.soak_worker import Soak
 from dualblade.io_engine import Target
 from dualblade.pipeline import default_cache_dir
-from dualblade.store import open_store
+from dualblade.store import KVStore, open_store
 from dualblade.testing import FaultLog, FaultPolicy, FaultyPageCacheFile, FaultyTarget
 
 Progress = Callable[[str], None]
@@ -58,14 +63,35 @@ async def run_soak(options: SoakOptions, progress: Progress | None = None) -> di
     options.check()
     base = options.workdir or default_cache_dir()
     base.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="soak-", dir=base))
-    try:
-        return await _run_in(options, folder, progress)
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+    with contextlib.ExitStack() as stack:
+        if options.full_disk:
+            base = stack.enter_context(small_file_system(base, full_disk_bytes(options)))
+        folder = Path(tempfile.mkdtemp(prefix="soak-", dir=base))
+        stack.callback(shutil.rmtree, folder, ignore_errors=True)
+        if options.kill_restart:
+            from dualblade.bench.soak_restart import run_kill_restart
+
+            return await run_kill_restart(options, folder, progress)
+        return await run_in_folder(options, folder, progress)
 
 
-async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None) -> dict[str, Any]:
+class SoakObserver(Protocol):
+    """Watches a soak from inside (the kill-restart mode's child process reports through it)."""
+
+    def opened(self, store: KVStore) -> None:
+        """The store is open, before any context."""
+
+    def sampled(self, soak: Soak, faults: FaultLog, sample: MemorySample) -> None:
+        """Called every sample, after a mismatch or an unexpected error, and at the end."""
+
+
+async def run_in_folder(
+    options: SoakOptions,
+    folder: Path,
+    progress: Progress | None,
+    observer: SoakObserver | None = None,
+) -> dict[str, Any]:
+    """The soak on a store in ``folder`` (which the caller removes); returns its document."""
     config = soak_config(options, folder)
     policy = FaultPolicy(options.fault_rate, seed=options.seed, slow_s=0.001)
     log = FaultLog(history=10_000)
@@ -88,16 +114,25 @@ async def _run_in(options: SoakOptions, folder: Path, progress: Progress | None)
         config, device="cpu", wrap_direct=wrap, page_cache_file=page_cache_file, replan=False
     ) as store:
         soak = Soak(store, log, options, start + options.seconds)
+        if observer is not None:
+            observer.opened(store)
+            soak.ledger.on_problem = lambda: observer.sampled(soak, log, memory_sample())
 
         def report(elapsed: float, sample: MemorySample) -> None:
             if progress is not None:
                 progress(soak.status(elapsed, sample.rss_bytes))
+            if observer is not None:
+                observer.sampled(soak, log, sample)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(sampler.run, sample_s, report)
+            if options.full_disk:
+                tg.start_soon(DiskFiller(folder, options.seed).run)
             await soak.run_workers()
-            sampler.take()
+            last = sampler.take()
             tg.cancel_scope.cancel()
+        if observer is not None:
+            observer.sampled(soak, log, last)
         elapsed = time.monotonic() - start
         held = store.stats()  # what the contexts still hold, all of them closed
         injected = {kind.value: n for kind, n in log.counts().items()}

@@ -7,7 +7,8 @@ them) and rows padded to whole blocks, with half of the layers on each path unde
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,15 @@ class SoakOptions:
         workdir: where the scratch folder goes (default: dualblade's cache folder).
         sample_s: seconds between memory samples (default: a twelfth of the run, at most 5).
         max_rss_growth: the run fails above this growth (checked for runs of two minutes or more).
+        kill_restart: run the store in child processes, each killed (SIGKILL) at a random
+            moment and followed by a new one on the same folder, which must reclaim all the
+            dead one left (:mod:`.soak_restart`).
+        restart_after_s: a child is killed this many seconds (uniform in the range) after its
+            store started.
+        full_disk: put the scratch folder on a small tmpfs (root only), so contexts meet a
+            full disk for real at claims, writes and page-cache files (:mod:`.soak_disk`).
+        pressure: shrink and grow the memory budget while contexts decode. Not yet: it needs
+            the store's live re-planning.
     """
 
     seconds: float
@@ -54,9 +64,26 @@ class SoakOptions:
     workdir: Path | None = None
     sample_s: float | None = None
     max_rss_growth: float = 0.05
+    kill_restart: bool = False
+    restart_after_s: tuple[float, float] = (1.0, 4.0)
+    full_disk: bool = False
+    pressure: bool = False
 
     def check(self) -> None:
-        """Raises ConfigError for values that cannot run."""
+        """Raises ConfigError for values that cannot run (or modes this machine cannot run)."""
+        if self.pressure:
+            raise ConfigError(
+                "--pressure needs the store's live re-planning (demotions and promotions as the "
+                "budget changes), which is not in this build yet"
+            )
+        if self.full_disk and os.geteuid() != 0:
+            raise ConfigError(
+                "--full-disk mounts a small tmpfs for the scratch folder, which needs root; "
+                "run it with sudo"
+            )
+        low, high = self.restart_after_s
+        if not 0 < low <= high:
+            raise ConfigError(f"--restart-after needs 0 < MIN_S <= MAX_S, got {low} {high}")
         if not self.seconds > 0 or not math.isfinite(self.seconds):
             raise ConfigError(f"the soak needs a positive duration, got {self.seconds} s")
         if not 1 <= self.contexts <= 1024:
@@ -82,8 +109,24 @@ def soak_config(options: SoakOptions, folder: Path) -> PipelineConfig:
         "max_chunk": MAX_CHUNK,
     }
     config = config_from_mapping(data, env={})
-    # Half of the layers on each path under ``dual`` (and evicted under ``cache-policy``).
+    # Half of the layers on each path under ``dual`` (and evicted under ``cache-policy``), for
+    # every context at once: the budget is the store's, shared by its live contexts.
     layers = layer_page_cache_bytes(config)
-    half = sum(layers[: len(layers) // 2])
-    data["memory"] = {"page_cache_budget": "64MiB", "knob_x": half}
+    knob = sum(layers[: len(layers) // 2]) * options.contexts
+    data["memory"] = {"page_cache_budget": max(64 << 20, knob), "knob_x": knob}
     return config_from_mapping(data, env={})
+
+
+def options_to_json(options: SoakOptions) -> dict[str, Any]:
+    """The options as JSON-ready data (to hand them to a child process)."""
+    data = asdict(options)
+    data["workdir"] = None if options.workdir is None else str(options.workdir)
+    return data
+
+
+def options_from_json(data: dict[str, Any]) -> SoakOptions:
+    """The inverse of :func:`options_to_json`."""
+    data = dict(data)
+    data["workdir"] = None if data["workdir"] is None else Path(data["workdir"])
+    data["restart_after_s"] = tuple(data["restart_after_s"])
+    return SoakOptions(**data)

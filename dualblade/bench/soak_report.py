@@ -3,13 +3,15 @@
 It passes when no byte mismatched, every injected fault was accounted to an operation (and none
 swallowed, no unexpected error), nothing leaked (fds, threads, busy or open buffers, held extents
 or files, pinned memory), and, for runs of two minutes or more, resident memory grew less than
-``max_rss_growth`` from the first window to the last.
+``max_rss_growth`` from the first window to the last. A full-disk run must also have met the
+full disk (ENOSPC nobody injected, accounted to the operation that met it).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from dualblade.bench.soak_disk import full_disk_bytes
 from dualblade.bench.soak_ledger import Ledger
 from dualblade.bench.soak_memory import MemorySampler
 from dualblade.bench.soak_options import SoakOptions
@@ -49,7 +51,9 @@ def soak_document(
         or leaks["files_held"]
         or leaks["pinned_bytes_after"] > leaks["pinned_bytes_before"]
     )
-    ok = ledger.mismatches == 0 and faults_ok and leaks_ok and growth_ok
+    # A full-disk run that never found the disk full tested nothing.
+    full_disk_ok = not options.full_disk or sum(ledger.full_disk.values()) > 0
+    ok = ledger.mismatches == 0 and faults_ok and leaks_ok and growth_ok and full_disk_ok
     hard = [k.value for k in FaultKind if k.hard]
     return {
         "ok": ok,
@@ -68,6 +72,12 @@ def soak_document(
         "cancellations": ledger.cancellations,
         "errors_by_type": dict(ledger.errors),
         "lost_layer_refusals": ledger.lost_refusals,
+        "full_disk": {
+            "enabled": options.full_disk,
+            "disk_bytes": full_disk_bytes(options) if options.full_disk else None,
+            "no_room_errors": dict(ledger.full_disk),
+            "ok": full_disk_ok,
+        },
         "faults": {
             "injected": injected,
             "injected_hard": sum(injected.get(k, 0) for k in hard),

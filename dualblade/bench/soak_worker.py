@@ -54,7 +54,7 @@ class Soak:
         self.faults = faults
         self.options = options
         self.deadline = deadline
-        self.ledger = Ledger()
+        self.ledger = Ledger(disk_full_expected=options.full_disk)
         self.direct_target = store.stats().direct_target  # the name its faults are logged under
 
     def status(self, elapsed: float, rss_bytes: int) -> str:
@@ -85,7 +85,15 @@ class Soak:
     ) -> None:
         region = None
         if ctx.plan.placement.direct:
-            lba_map = await ctx.direct_map()
+            try:
+                lba_map = await ctx.direct_map()
+            except DualbladeError as error:  # no room for its run (a full disk)
+                self.ledger.ops["claim"] += 1
+                self.ledger.errors[type(error).__name__] += 1
+                storage = ContextStorage(ctx.id, self.direct_target, None)
+                self.ledger.account(storage, "claim", [], error, cut=False)
+                await anyio.sleep(0.01)  # the disk is full: do not spin
+                return
             size = lba_map.lba_size
             region = (lba_map.region.first_lba * size, lba_map.region.end * size)
         state = _ContextState(ContextStorage(ctx.id, self.direct_target, region))

@@ -1,5 +1,8 @@
 """``dualblade soak``: many concurrent contexts with injected faults and cancellations, every
-byte checked; exits non-zero on any mismatch, unaccounted fault, leak or RSS growth."""
+byte checked; exits non-zero on any mismatch, unaccounted fault, leak or RSS growth.
+
+``--kill-restart`` kills and restarts the store's process, ``--full-disk`` runs it on a small
+file system; ``--pressure`` (memory budget changes) waits for the store's live re-planning."""
 
 from __future__ import annotations
 
@@ -48,6 +51,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=0.05,
         help="fail above this RSS growth, first to last minute (runs of 2+ minutes; 0.05)",
     )
+    modes = parser.add_argument_group("serving modes")
+    modes.add_argument(
+        "--kill-restart",
+        action="store_true",
+        help="run the store in child processes killed (SIGKILL) at random moments and "
+        "restarted on the same folder; each restart must reclaim all the dead one left",
+    )
+    modes.add_argument(
+        "--restart-after",
+        type=float,
+        nargs=2,
+        default=(1.0, 4.0),
+        metavar=("MIN_S", "MAX_S"),
+        help="kill a child this many seconds after its store opened (uniform; default 1 4)",
+    )
+    modes.add_argument(
+        "--full-disk",
+        action="store_true",
+        help="put the scratch folder on a small tmpfs (root only), so contexts meet ENOSPC "
+        "for real at claims, page-cache files and writes",
+    )
+    modes.add_argument(
+        "--pressure",
+        action="store_true",
+        help="shrink and grow the memory budget while contexts decode (not yet: needs the "
+        "store's live re-planning)",
+    )
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.set_defaults(func=run)
 
@@ -65,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
         policy=args.policy,
         workdir=args.dir,
         max_rss_growth=args.max_rss_growth,
+        kill_restart=args.kill_restart,
+        restart_after_s=tuple(args.restart_after),
+        full_disk=args.full_disk,
+        pressure=args.pressure,
     )
     if args.max_rss_growth <= 0:
         raise ConfigError(f"--max-rss-growth must be positive, got {args.max_rss_growth}")
@@ -96,4 +130,23 @@ def _summary(report: dict[str, Any]) -> str:
         ("rss growth (first to last window)", memory["rss_growth_first_to_last"]),
         ("leaks", {k: v for k, v in report["leaks"].items() if v and "bytes" not in k} or "none"),
     ]
+    if report["full_disk"]["enabled"]:
+        rows.append(("full disk: ENOSPC met (op:io)", report["full_disk"]["no_room_errors"] or "-"))
+    if report.get("mode") == "kill-restart":
+        reclaim = report["reclaim"]
+        rows += [
+            ("restarts (children killed)", report["restarts"]),
+            ("reclaimed bytes (files / direct)", _reclaimed(reclaim)),
+            ("faults cut short by a kill", faults["unaccounted_at_kill"] or "-"),
+            ("left after the last store", reclaim["left_after_last_store"]),
+            ("problems", report["problems"] or "none"),
+        ]
     return format_table(["check", "value"], rows)
+
+
+def _reclaimed(reclaim: dict[str, Any]) -> str:
+    files = reclaim["reclaimed_bytes"] - reclaim["reclaimed_direct_bytes"]
+    return (
+        f"{reclaim['reclaimed_bytes']} ({reclaim['reclaimed_files']} files, {files} B / "
+        f"{reclaim['reclaimed_direct_extents']} runs, {reclaim['reclaimed_direct_bytes']} B)"
+    )

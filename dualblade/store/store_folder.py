@@ -95,7 +95,8 @@ def claim_store_folder(page_cache_dir: Path) -> StoreFolder:
         ) from error
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: nobody else has it
-        os.write(fd, json.dumps(_owner_record()).encode())
+        with contextlib.suppress(OSError):  # only for the log; a full disk must not stop a start
+            os.write(fd, json.dumps(_owner_record()).encode())
         final = page_cache_dir / f"{PREFIX}{os.getpid()}-{staging.name[len(STARTING_PREFIX) :]}"
         os.rename(staging, final)
     except BaseException:

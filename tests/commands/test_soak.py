@@ -7,6 +7,7 @@ that returns a wrong byte, a context that leaks its extent) and the soak must no
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -137,6 +138,8 @@ def test_soak_fails_on_a_leaked_extent(
         (["--fault-rate", "2"], "--fault-rate"),
         (["--seconds", "0"], "positive duration"),
         (["--max-rss-growth", "0"], "--max-rss-growth"),
+        (["--restart-after", "2", "1"], "--restart-after"),
+        (["--pressure"], "live re-planning"),
     ],
 )
 def test_soak_refuses_bad_arguments(
@@ -144,3 +147,94 @@ def test_soak_refuses_bad_arguments(
 ) -> None:
     assert main(["soak", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_kill_restart_soak_reclaims_what_each_killed_store_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, report = _soak(
+        tmp_path,
+        capsys,
+        "--kill-restart",
+        "--restart-after",
+        "0.5",
+        "1.5",
+        "--seconds",
+        "8",
+        "--contexts",
+        "4",
+    )
+    assert code == 0, report
+    assert report["mode"] == "kill-restart"
+    assert report["restarts"] >= 1
+    assert report["mismatches"] == 0
+    assert report["bytes_verified"] > 0
+    assert report["faults"]["accounted"] is True
+    assert report["problems"] == []
+    children = report["children_detail"]
+    assert [c["exit_code"] for c in children[:-1]] == [-9] * (len(children) - 1)
+    assert children[-1]["exit_code"] == 0
+    for child in children[1:]:  # each store reclaimed exactly what the killed one left
+        left, got = child["left_before"], child["reclaimed"]
+        assert (got["store_folders"], got["files"], got["direct_bytes"]) == (
+            left["folders"],
+            left["files"],
+            left["direct_bytes"],
+        )
+    assert report["reclaim"]["reclaimed_bytes"] > 0
+    assert report["reclaim"]["left_after_last_store"] == {
+        "folders": 0,
+        "files": 0,
+        "direct_bytes": 0,
+    }
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_restart_that_misses_a_leftover_fails_the_soak() -> None:
+    from dualblade.bench.soak_options import SoakOptions
+    from dualblade.bench.soak_restart import ChildRun, Leftovers, restart_document
+
+    left = Leftovers(folders=1, files=4, direct_bytes=8192)
+    reclaimed = {
+        "store_folders": 1,
+        "files": 4,
+        "file_bytes": 0,
+        "direct_extents": 1,
+        "direct_bytes": 4096,  # half of what was left
+        "bytes": 4096,
+        "seconds": 0.001,
+    }
+    runs = [ChildRun(0, Leftovers(0, 0, 0), killed_after_s=1.0), ChildRun(1, left)]
+    runs[1].reclaimed = reclaimed
+    runs[1].check_reclaim()
+    report = restart_document(SoakOptions(seconds=1, contexts=1), runs, Leftovers(0, 0, 0), 1.0)
+    assert report["ok"] is False
+    assert "reclaimed" in report["problems"][0]
+
+
+@pytest.mark.root
+def test_full_disk_soak_meets_enospc_and_serves_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("--full-disk mounts a tmpfs: needs root")
+    code, report = _soak(tmp_path, capsys, "--full-disk", "--seconds", "4")
+    assert code == 0, report
+    full = report["full_disk"]
+    assert full["enabled"] is True
+    assert full["ok"] is True
+    met = set(full["no_room_errors"])
+    assert any(key.endswith(":write") for key in met), met  # a write into a punched run
+    assert any(key.startswith("claim:") or key.endswith(":allocate") for key in met), met
+    assert report["mismatches"] == 0
+    assert report["leaks"]["extents_held"] == 0
+    assert report["leaks"]["files_held"] == 0
+    assert list(tmp_path.iterdir()) == []  # the tmpfs was unmounted and its folder removed
+
+
+def test_full_disk_needs_root(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["soak", "--full-disk", "--seconds", "1"]) == 2
+    assert "needs root" in capsys.readouterr().err
