@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
-from dualblade.io_engine import DirectFile, IOEngine
+from dualblade.io_engine import DirectFile, IOEngine, Target, TargetError
 from dualblade.store import open_store
 from dualblade.store.reclaim import reclaim_direct
 from dualblade.store.store_folder import (
@@ -25,6 +25,7 @@ from dualblade.store.store_folder import (
     claim_store_folder,
     remove_dead_folders,
 )
+from dualblade.testing import FaultPolicy, FaultyTarget
 
 from .conftest import MakeConfig, random_kv
 
@@ -193,3 +194,51 @@ async def test_a_clean_predecessor_leaves_nothing_to_reclaim(
             reclaimed = store.runtime.reclaimed
     assert reclaimed.bytes == 0
     assert reclaimed.store_folders == 0
+
+
+class _Device(FaultyTarget):
+    """A direct file that answers like a device: it cannot say which blocks hold data."""
+
+    def allocated_ranges(self, offset: int, length: int) -> list[tuple[int, int]] | None:
+        return None
+
+
+@pytest.mark.anyio
+async def test_a_device_has_its_whole_extent_discarded_and_no_more(tmp_path: Path) -> None:
+    target = _Device(DirectFile(tmp_path / "direct.kv", 24 * BLOCK), FaultPolicy(0.0))
+    try:
+        with open(tmp_path / "direct.kv", "r+b") as file:
+            file.write(b"\x5a" * 24 * BLOCK)
+        with IOEngine(queue_depth=4) as engine:
+            ranges, exact = await reclaim_direct(engine, target, 4, 16)
+        assert ranges == [(4 * BLOCK, 16 * BLOCK)]
+        assert not exact
+        data = target.inner.allocated_ranges(0, 24 * BLOCK)
+        assert data == [(0, 4 * BLOCK), (20 * BLOCK, 4 * BLOCK)]
+    finally:
+        target.close()
+
+
+@pytest.mark.anyio
+async def test_a_target_that_cannot_discard_still_starts_and_says_so(
+    tmp_path: Path, make_config: MakeConfig
+) -> None:
+    config = make_config("direct", "aligned")
+
+    def no_discard(target: Target) -> Target:
+        wrapped = _Device(target, FaultPolicy(0.0))
+
+        def refuse(offset: int, length: int) -> None:
+            raise TargetError(f"{target.name} does not support discard (TRIM)")
+
+        wrapped.trim_op = lambda offset, length: None  # type: ignore[method-assign]
+        wrapped.trim_blocking = refuse  # type: ignore[method-assign]
+        return wrapped
+
+    DirectFile(tmp_path / "direct.kv", 8 * BLOCK).close()
+    with capture_logs() as logs:
+        async with open_store(config, device="cpu", wrap_direct=no_discard) as store:
+            assert store.runtime.reclaimed.left_behind == 1
+            assert store.runtime.reclaimed.direct_bytes == 0
+    [warning] = [e for e in logs if e["log_level"] == "warning"]
+    assert "never served" in warning["event"]
