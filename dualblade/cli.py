@@ -28,6 +28,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "plan",
     "bench",
     "soak",
+    "lmcache_bench",
 )
 
 

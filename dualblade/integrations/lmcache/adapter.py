@@ -19,6 +19,7 @@ its blocks.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
 from pathlib import Path
@@ -289,3 +290,15 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             self._exits.close()
             self._completions.close()
             self.setup.remove_scratch()
+        if self.setup.stats_file is not None and self._last_stats is not None:
+            self._write_stats(self.setup.stats_file, self._last_stats)
+
+    @staticmethod
+    def _write_stats(path: Path, stats: AdapterStats) -> None:
+        """The last stats as JSON (``stats_file``): LMCache's server and ``lmcache bench``
+        run the adapter in their own process, and this is how a reader outside gets them."""
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(stats.to_dict(), indent=2, default=str) + "\n")
+        except OSError as error:
+            _log.warning("cannot write the adapter's stats", path=str(path), error=str(error))

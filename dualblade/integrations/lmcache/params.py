@@ -6,6 +6,7 @@ The adapter's storage is a dualblade store, so the params are a pipeline config 
     {"config": "/etc/dualblade/kv.toml",        # a pipeline config file (else the embedded one)
      "capacity": "64GiB",                       # bytes of objects the adapter holds at most
      "object_size": "1MiB",                     # the largest object LMCache will store
+     "stats_file": "/var/log/kv-stats.json",    # the adapter's last stats, written at close
      "storage": {"direct": {"kind": "block", "path": "/dev/nvme0n1p3", "extent_size": "64GiB"}},
      "copy_threads": 8}
 
@@ -21,6 +22,7 @@ index of what is stored lives in the adapter's memory, so the bytes are of no us
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import tempfile
 from collections.abc import Mapping
@@ -41,7 +43,7 @@ from dualblade.pipeline import (
 )
 
 #: The adapter's own keys; the rest are the pipeline config's.
-OWN_KEYS = ("config", "capacity", "object_size")
+OWN_KEYS = ("config", "capacity", "object_size", "stats_file")
 #: Pipeline keys the adapter sets itself from ``object_size``.
 DERIVED_KEYS = ("model", "workload")
 DEFAULT_OBJECT_SIZE = 1 << 20
@@ -106,6 +108,7 @@ class AdapterSetup:
     capacity: int
     geometry: ObjectGeometry
     scratch: Path | None
+    stats_file: Path | None = None
 
     def remove_scratch(self) -> None:
         if self.scratch is not None:
@@ -138,9 +141,15 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
     base = _base(params.get("config"))
     overrides = {k: v for k, v in params.items() if k not in OWN_KEYS}
     data = _merge(base.model_dump(), overrides)
+    stats_file = params.get("stats_file")
+    if stats_file is not None and not isinstance(stats_file, str | Path):
+        raise AdapterParamsError(f"adapter_params.stats_file must be a path, got {stats_file!r}")
     scratch = _scratch_for(data, overrides, from_file=params.get("config") is not None)
     try:
-        return _setup(data, object_size, capacity, scratch)
+        setup = _setup(data, object_size, capacity, scratch)
+        return dataclasses.replace(
+            setup, stats_file=None if stats_file is None else Path(stats_file).expanduser()
+        )
     except BaseException:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

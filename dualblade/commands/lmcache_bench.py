@@ -1,0 +1,382 @@
+"""``dualblade lmcache-bench``: LMCache's ``lmcache bench l2`` on our adapter and LMCache's own,
+each inside one memory cgroup, caches dropped between them, with fio as the floor.
+
+Why a wrapper: ``lmcache bench l2`` runs one adapter per process (it benchmarks the first
+``--l2-adapter`` it is given) and knows nothing of memory limits or the page cache. Disk
+adapters are only comparable on the same disk, from a cold cache, under the same limit — and the
+limit is what decides between them: the page cache holds part of the stored set, and what does
+not fit is read from the disk. So each adapter runs in a fresh folder under ``--dir``, as a child
+process that joins a memory cgroup first; caches are dropped before each; and fio writes, then
+reads cold, a file of the stored set's size in the same folder, at our direct path's queue depth
+and chunk size.
+
+The default limit leaves page-cache room for about half of the stored set beyond the
+benchmark's own memory: ``L1 (2 x keys per round x size) + --overhead + stored / 2``.
+Root is needed for the cgroup (cgroup v1 here, v2 where delegated) and for dropping caches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from dualblade.commands._output import format_table, print_json
+from dualblade.errors import ConfigError, DualbladeError
+from dualblade.pipeline import default_cache_dir, format_size, parse_size
+
+ADAPTERS = ("dualblade", "dualblade-direct", "fs-odirect", "fs")
+_PLUGIN = {"type": "plugin", "module_path": "dualblade.integrations.lmcache"}
+_CGROUP_V1 = Path("/sys/fs/cgroup/memory")
+_CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "lmcache-bench",
+        help="lmcache bench l2: our LMCache adapter vs LMCache's fs adapter, in a memory cgroup",
+        description=__doc__.split("\n\n")[1] if __doc__ else None,
+    )
+    parser.add_argument(
+        "--dir",
+        default=str(default_cache_dir() / "lmcache-bench"),
+        help="where every adapter's files and fio's go, on the disk under test "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--adapters",
+        default=",".join(ADAPTERS),
+        help="which to run, in order: dualblade (dual policy), dualblade-direct (all direct), "
+        "fs-odirect, fs (LMCache's fs adapter with use_odirect on and off), and with --block "
+        "dualblade-block and raw-block (LMCache's io_uring raw-block adapter) "
+        "(default: %(default)s)",
+    )
+    parser.add_argument("--block", help="a block device for dualblade-block and raw-block")
+    parser.add_argument("--num-keys", type=int, default=8, help="keys per submit (default: 8)")
+    parser.add_argument(
+        "--in-flight", type=int, default=64, help="submits in flight per round (default: 64)"
+    )
+    parser.add_argument(
+        "--data-size-kb", type=int, default=1024, help="KiB per key (default: 1024)"
+    )
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds (default: 3)")
+    parser.add_argument("--warmup-rounds", type=int, default=1, help="(default: 1)")
+    parser.add_argument(
+        "--memory-limit",
+        default="auto",
+        help="the cgroup's limit: a size, 'auto' (see above) or 'none' (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--overhead",
+        default="768MiB",
+        help="the benchmark process's own memory besides L1, for 'auto' (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--copy-threads", type=int, default=8, help="our adapter's copy threads (default: 8)"
+    )
+    parser.add_argument(
+        "--max-chunk", default="256KiB", help="our adapter's largest I/O (default: %(default)s)"
+    )
+    parser.add_argument("--no-fio", action="store_true", help="skip the fio reference")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    names = [n.strip() for n in args.adapters.split(",") if n.strip()]
+    known = (*ADAPTERS, "dualblade-block", "raw-block")
+    if not names or any(n not in known for n in names):
+        raise ConfigError(f"--adapters takes a list of {', '.join(known)}; got {args.adapters!r}")
+    if any(n in ("dualblade-block", "raw-block") for n in names) and not args.block:
+        raise ConfigError("dualblade-block and raw-block need --block DEVICE")
+    if min(args.num_keys, args.in_flight, args.data_size_kb, args.rounds) < 1:
+        raise ConfigError("--num-keys, --in-flight, --data-size-kb and --rounds must be >= 1")
+    size = args.data_size_kb << 10
+    per_round = args.num_keys * args.in_flight * size
+    stored = (args.rounds + args.warmup_rounds) * per_round
+    limit = _limit(args.memory_limit, 2 * per_round + parse_size(args.overhead) + stored // 2)
+    root = Path(args.dir).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    setup = {
+        "key_bytes": size,
+        "keys_per_round": per_round // size,
+        "stored_bytes": stored,
+        "l1_bytes": 2 * per_round,
+        "memory_limit": limit,
+        "dir": str(root),
+        "block": args.block,
+    }
+    _say(
+        f"stored set {format_size(stored)}, L1 {format_size(2 * per_round)}, memory limit "
+        f"{format_size(limit) if limit else 'none'}; files under {root}"
+    )
+    results = []
+    for name in names:
+        results.append(_run_adapter(name, args, root, limit))
+    # our direct path's queue depth: each copy thread moves one K or V, in chunks of max_chunk
+    chunk = parse_size(args.max_chunk)
+    depth = args.copy_threads * max(1, -(-(size // 2) // chunk))
+    fio = None if args.no_fio else _fio(root, stored, depth, chunk)
+    document = {"setup": setup, "adapters": results, "fio_read": fio}
+    document["ratios"] = _ratios(results, fio)
+    if args.json:
+        print_json(document)
+    else:
+        _print_table(document)
+    return 0 if all(r.get("verified") for r in results) else 1
+
+
+def _limit(text: str, auto: int) -> int | None:
+    if text == "none":
+        return None
+    if text == "auto":
+        return auto
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise ConfigError(f"--memory-limit: {error}") from None
+
+
+def _say(line: str) -> None:
+    print(f"lmcache-bench: {line}", file=sys.stderr, flush=True)
+
+
+# -- one adapter -----------------------------------------------------------------------------------
+def _spec(name: str, folder: Path, args: argparse.Namespace, size: int) -> dict[str, Any]:
+    own = {
+        "object_size": size,
+        "copy_threads": args.copy_threads,
+        "max_chunk": args.max_chunk,
+        "stats_file": str(folder / "adapter-stats.json"),
+        "storage": {"page_cache_dir": str(folder / "pc"), "direct": {"path": str(folder / "d.kv")}},
+    }
+    if name == "dualblade":
+        return {**_PLUGIN, "class_name": "DualBladeL2Adapter", "adapter_params": own}
+    if name == "dualblade-direct":
+        params = {**own, "policy": "direct"}
+        return {**_PLUGIN, "class_name": "DualBladeL2Adapter", "adapter_params": params}
+    if name == "dualblade-block":
+        extent = _device_bytes(args.block)
+        direct = {"kind": "block", "path": args.block, "extent_size": extent}
+        params = {**own, "storage": {**own["storage"], "direct": direct}}
+        return {**_PLUGIN, "class_name": "DualBladeL2Adapter", "adapter_params": params}
+    if name == "raw-block":
+        return {"type": "raw_block", "device_path": args.block, "slot_bytes": size + 4096}
+    odirect = name == "fs-odirect"
+    return {"type": "fs", "base_path": str(folder / "fs"), "use_odirect": odirect}
+
+
+def _run_adapter(
+    name: str, args: argparse.Namespace, root: Path, limit: int | None
+) -> dict[str, Any]:
+    size = args.data_size_kb << 10
+    folder = root / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    spec = _spec(name, folder, args, size)
+    out = folder / "bench.json"
+    command = [
+        sys.executable,
+        "-c",
+        "from lmcache.cli.main import main; main()",
+        "bench",
+        "l2",
+        "--l2-adapter",
+        json.dumps(spec),
+        *("--num-keys", str(args.num_keys), "--in-flight", str(args.in_flight)),
+        *("--data-size-kb", str(args.data_size_kb), "--l1-align-bytes", "4096"),
+        *("--rounds", str(args.rounds), "--warmup-rounds", str(args.warmup_rounds)),
+        *("--no-skip-verify", "--format", "json", "--output", str(out)),
+    ]
+    dropped = _drop_caches()
+    _say(f"{name}: caches {'dropped' if dropped else 'NOT dropped (not root)'}; running")
+    group = _cgroup(limit) if limit else None
+    env = {**os.environ, "LMCACHE_TRACK_USAGE": "false", "PYTHONWARNINGS": "ignore"}
+    start = time.monotonic()
+    try:
+        done = subprocess.run(
+            command,
+            capture_output=True,
+            text=True,
+            env=env,
+            preexec_fn=(lambda: _join(group)) if group else None,
+            check=False,
+        )
+    finally:
+        peak = _peak(group) if group else None
+        if group:
+            _remove(group)
+    result: dict[str, Any] = {
+        "adapter": name,
+        "spec": spec,
+        "exit_code": done.returncode,
+        "seconds": round(time.monotonic() - start, 1),
+        "cgroup_peak_bytes": peak,
+        "verified": done.returncode == 0 and "data verified OK" in done.stdout,
+    }
+    if out.exists():
+        metrics = json.loads(out.read_text())["metrics"]
+        for op in (v for k, v in metrics.items() if k.startswith("op_")):
+            key = str(op["operation"]).lower()
+            result[f"{key}_mbps"] = op.get("throughput_avg_mbps")
+            result[f"{key}_ok"] = f"{op.get('total_success')}/{op.get('total_keys')}"
+    stats = folder / "adapter-stats.json"
+    if stats.exists():
+        adapter = json.loads(stats.read_text())
+        store = adapter.get("store", {})
+        result["dualblade"] = {
+            "placed": adapter.get("placed"),
+            "read_bytes": store.get("read_bytes"),
+            "page_cache_hit_rate": store.get("page_cache_hit_rate"),
+            "evictions": adapter.get("evictions"),
+            "load_failures": adapter.get("load_failures"),
+            "store_failures": adapter.get("store_failures"),
+        }
+    if done.returncode != 0:
+        result["error"] = (done.stderr.strip() or done.stdout.strip())[-2000:]
+    _say(f"{name}: load {result.get('load_mbps')} MB/s, verified {result['verified']}")
+    shutil.rmtree(folder, ignore_errors=True)  # free the disk for the next adapter
+    return result
+
+
+def _device_bytes(path: str) -> int:
+    with open(path, "rb") as device:
+        return device.seek(0, os.SEEK_END) // (1 << 20) * (1 << 20)
+
+
+# -- the host: caches, cgroups, fio ----------------------------------------------------------------
+def _drop_caches() -> bool:
+    """``sync`` and drop the page cache (root); False where that is not allowed."""
+    os.sync()
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def _cgroup(limit: int) -> Path:
+    """A fresh memory cgroup limited to ``limit`` bytes (v1's memory tree, else v2's root).
+
+    Raises:
+        DualbladeError: no memory cgroup can be made here (not root, no controller).
+    """
+    name = f"dualblade-lmcache-{uuid.uuid4().hex[:8]}"
+    v1 = _CGROUP_V1.is_dir()
+    group = (_CGROUP_V1 if v1 else _CGROUP_ROOT) / name
+    try:
+        group.mkdir()
+        (group / ("memory.limit_in_bytes" if v1 else "memory.max")).write_text(str(limit))
+    except OSError as error:
+        raise DualbladeError(
+            f"cannot make a memory cgroup at {group}: {error.strerror}; run as root, or give "
+            "--memory-limit none to run without a limit"
+        ) from None
+    return group
+
+
+def _join(group: Path) -> None:
+    (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def _peak(group: Path) -> int | None:
+    for name in ("memory.max_usage_in_bytes", "memory.peak"):
+        try:
+            return int((group / name).read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _remove(group: Path) -> None:
+    for _ in range(50):  # the child's pages may take a moment to leave the group
+        try:
+            group.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def _fio(root: Path, size: int, depth: int, chunk: int) -> dict[str, Any] | None:
+    """fio's O_DIRECT sequential read of a ``size``-byte file in ``root``, written just before
+    and read cold, at our direct path's queue depth and chunk size."""
+    binary = shutil.which("fio")
+    if binary is None:
+        _say("fio is not installed: no floor")
+        return None
+    path = root / "fio.dat"
+    base = [binary, "--name=floor", f"--filename={path}", f"--size={size}", f"--bs={chunk}"]
+    base += ["--direct=1", "--ioengine=io_uring", "--output-format=json", f"--iodepth={depth}"]
+    try:
+        subprocess.run([*base, "--rw=write"], capture_output=True, check=True)
+        _drop_caches()
+        done = subprocess.run([*base, "--rw=read"], capture_output=True, text=True, check=True)
+    except subprocess.CalledProcessError as error:
+        raise DualbladeError(f"fio failed: {error.stderr}") from None
+    finally:
+        path.unlink(missing_ok=True)
+    job = json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]["read"]
+    mbps = job["bw_bytes"] / 1e6
+    _say(f"fio: O_DIRECT read {mbps:.0f} MB/s at queue depth {depth}, {format_size(chunk)} chunks")
+    return {"mbps": round(mbps, 1), "queue_depth": depth, "block_size": chunk}
+
+
+# -- the report ------------------------------------------------------------------------------------
+def _ratios(results: list[dict[str, Any]], fio: dict[str, Any] | None) -> dict[str, float | None]:
+    """The issue's two ratios: our load throughput over the fs adapter's best, and our direct
+    path's (all objects direct) over fio's O_DIRECT read."""
+    by_name = {r["adapter"]: r.get("load_mbps") for r in results}
+    fs_best = max((v for k, v in by_name.items() if k.startswith("fs") and v), default=None)
+    ours, direct = by_name.get("dualblade"), by_name.get("dualblade-direct")
+    return {
+        "dualblade_vs_fs_best": round(ours / fs_best, 2) if ours and fs_best else None,
+        "direct_vs_fio": round(direct / fio["mbps"], 2) if direct and fio else None,
+    }
+
+
+def _print_table(document: dict[str, Any]) -> None:
+    rows = []
+    for r in document["adapters"]:
+        placed = (r.get("dualblade") or {}).get("placed") or {}
+        hit = (r.get("dualblade") or {}).get("page_cache_hit_rate")
+        rows.append(
+            [
+                r["adapter"],
+                r.get("store_mbps", "-"),
+                r.get("load_mbps", "-"),
+                r.get("load_ok", "-"),
+                "yes" if r["verified"] else "NO",
+                " ".join(f"{k}:{v}" for k, v in sorted(placed.items())) or "-",
+                "-" if hit is None else f"{hit:.2f}",
+                "-" if r["cgroup_peak_bytes"] is None else format_size(r["cgroup_peak_bytes"]),
+            ]
+        )
+    fio = document["fio_read"]
+    if fio:
+        rows.append(["fio O_DIRECT read", "-", fio["mbps"], "-", "-", "-", "-", "-"])
+    headers = [
+        "adapter",
+        "store MB/s",
+        "load MB/s",
+        "loaded",
+        "verified",
+        "placed",
+        "pc hit",
+        "peak mem",
+    ]
+    print(format_table(headers, rows))
+    ratios = document["ratios"]
+    print(
+        f"load vs fs adapter's best: {ratios['dualblade_vs_fs_best']}; "
+        f"direct vs fio: {ratios['direct_vs_fio']}"
+    )
+    for r in document["adapters"]:
+        if "error" in r:
+            print(f"{r['adapter']} failed (exit {r['exit_code']}): {r['error'][-500:]}")
