@@ -18,6 +18,7 @@ most one partial last line, which the parent drops.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -62,7 +63,10 @@ class LineReporter:
 
 def main(argv: list[str]) -> int:
     """Run one child; returns its exit status (0 when its soak passed)."""
-    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
+    )
     options = options_from_json(json.loads(argv[0]))
     folder, deadline = Path(argv[1]), float(argv[2])
     seconds = max(0.5, deadline - time.monotonic())
