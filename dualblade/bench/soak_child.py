@@ -47,9 +47,8 @@ class LineReporter:
         self.out.flush()
 
     def opened(self, store: KVStore) -> None:
-        # What the store reclaimed: StoreStats.reclaimed once the stats carry it.
         stats = store.stats()
-        reclaimed = getattr(stats, "reclaimed", None) or store.runtime.reclaimed
+        reclaimed = stats.reclaimed
         self.emit("started", pid=os.getpid(), reclaimed=reclaimed.to_dict())
 
     def sampled(self, soak: Soak, faults: FaultLog, sample: MemorySample) -> None:

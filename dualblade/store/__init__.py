@@ -28,6 +28,7 @@ from dualblade.store.errors import LayerLostError as LayerLostError
 from dualblade.store.kv_store import KVStore as KVStore
 from dualblade.store.kv_store import open_store as open_store
 from dualblade.store.read_buffers import ReadBuffers as ReadBuffers
+from dualblade.store.reclaim import Reclaimed as Reclaimed
 from dualblade.store.residency_ledger import LedgerSnapshot as LedgerSnapshot
 from dualblade.store.share_policy import ContextDemand as ContextDemand
 from dualblade.store.share_policy import FairShares as FairShares

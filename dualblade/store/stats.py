@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from dualblade.store.reclaim import Reclaimed
 from dualblade.store.residency_ledger import LedgerSnapshot
 
 if TYPE_CHECKING:
@@ -70,6 +71,8 @@ class StoreStats:
     co_dma: CoDmaStats
     #: the residency ledger: the budget live contexts share, what they hold, the moves made
     ledger: LedgerSnapshot
+    #: what dead predecessors had left on this store's storage, removed before it served
+    reclaimed: Reclaimed
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready, with the keys ``KVStore.metrics()`` has always had."""
@@ -79,6 +82,7 @@ class StoreStats:
         data["dma_h2d_bytes"] = self.co_dma.h2d_bytes
         data["dma_d2h_bytes"] = self.co_dma.d2h_bytes
         data["ledger"] = self.ledger.to_dict()
+        data["reclaimed"] = self.reclaimed.to_dict()
         return data
 
 
@@ -127,4 +131,5 @@ def collect_stats(
             d2h_bytes=dma.bytes_d2h,
         ),
         ledger=ledger,
+        reclaimed=runtime.reclaimed,
     )
