@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--overhead",
-        default="768MiB",
+        default="512MiB",
         help="the benchmark process's own memory besides L1, for 'auto' (default: %(default)s)",
     )
     parser.add_argument(

@@ -208,3 +208,16 @@ def test_a_plugin_spec_loads_it_as_lmcache_does(tmp_path, monkeypatch) -> None:
     finally:
         adapter.close()
     assert not scratch.exists()  # the adapter's own folder goes with it
+
+
+def test_the_last_stats_are_written_at_close(make_adapter: MakeAdapter, tmp_path) -> None:
+    adapter = make_adapter(stats_file=str(tmp_path / "out" / "stats.json"))
+    drive = Driver(adapter)
+    assert drive.store([key(1)], [random_obj(4096, seed=1)]).is_successful()
+    assert drive.load([key(1), key(2)], [empty_obj(4096), empty_obj(4096)]) == [True, False]
+    adapter.close()
+    written = json.loads((tmp_path / "out" / "stats.json").read_text())
+    assert (written["loads"], written["load_hits"], written["load_hit_rate"]) == (2, 1, 0.5)
+    assert written["placed"] == {"direct": 1}
+    assert written["store"]["read_bytes"]["direct"] >= 4096
+    assert written["objects"] == 0  # released at close
