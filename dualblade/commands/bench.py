@@ -164,6 +164,9 @@ def bench(args: argparse.Namespace) -> int:
     else:
         print(table)
         print(f"claims: {'all met' if claims['all_ok'] else 'NOT all met'} (see {out}/results.md)")
+        for entry in claims["floors"]["invalid"]:
+            where = f"{entry['policy']} at {entry['limit_bytes'] / (1 << 30):.2f} GiB"
+            print(f"invalid floor, {where}: {entry['why']}")
     return 0
 
 
