@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import Any
 
 import torch
@@ -44,6 +45,28 @@ class BlockingContext:
 
     def length(self, layer: int) -> int:
         return self.context.length(layer)
+
+    # -- without waiting: the transfer starts now, the future settles when it is done ------------
+    # Started in call order on the store's loop, and a layer's transfers take its lock in that
+    # order: a read started after an append of the same layer sees the appended row.
+    def read_soon(
+        self, layer: int, rows: tuple[int, int] | None = None
+    ) -> Future[tuple[torch.Tensor, torch.Tensor]]:
+        """:meth:`read`, started now; the future holds K and V (read ahead of the compute)."""
+        return self._portal.start_task_soon(self._read, layer, rows)
+
+    def write_soon(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> Future[None]:
+        """:meth:`write`, started now (written behind the compute)."""
+        return self._portal.start_task_soon(self.context.write, layer, k, v)
+
+    def append_soon(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> Future[int]:
+        """:meth:`append`, started now (written behind the compute)."""
+        return self._portal.start_task_soon(self.context.append, layer, k_row, v_row)
+
+    async def _read(
+        self, layer: int, rows: tuple[int, int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return await self.context.read(layer, rows)
 
 
 class BlockingStore:

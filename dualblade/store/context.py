@@ -318,22 +318,22 @@ class KVContext:
             LayerLostError: an earlier write of the layer failed or was cancelled.
         """
         self._check_layer(layer)
-        self._check_intact(layer)
-        start, stop = requested_rows(rows, self._lengths[layer], layer)
-        shape = (stop - start, self.batch, self.width)
-        device = self._runtime.device
-        landings: tuple[Landing | None, Landing | None] = (None, None)
-        if out is None:
-            k = torch.empty(shape, dtype=self.dtype, device=device)
-            v = torch.empty(shape, dtype=self.dtype, device=device)
-        elif isinstance(out, ReadBuffers):
-            k, v = self.tensor_shape.out_views((out.k, out.v), shape[0], device)
-            landings = out.landings
-        else:
-            k, v = self.tensor_shape.out_views(out, shape[0], device)
-        span = RowRange(start, stop)
+        # Under the layer's lock: a write or append started before this read lands first.
         async with self._layer_locks[layer]:
             self._check_intact(layer)
+            start, stop = requested_rows(rows, self._lengths[layer], layer)
+            shape = (stop - start, self.batch, self.width)
+            device = self._runtime.device
+            landings: tuple[Landing | None, Landing | None] = (None, None)
+            if out is None:
+                k = torch.empty(shape, dtype=self.dtype, device=device)
+                v = torch.empty(shape, dtype=self.dtype, device=device)
+            elif isinstance(out, ReadBuffers):
+                k, v = self.tensor_shape.out_views((out.k, out.v), shape[0], device)
+                landings = out.landings
+            else:
+                k, v = self.tensor_shape.out_views(out, shape[0], device)
+            span = RowRange(start, stop)
             await self._both(
                 lambda t: self._load_message(
                     layer, t, span, *((k, landings[0]) if t == "K" else (v, landings[1]))

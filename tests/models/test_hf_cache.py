@@ -540,3 +540,52 @@ def test_an_unclosed_cache_closes_when_collected(tiny_config, tmp_path):
     assert before.leaked(settle=False)
     del cache
     assert not before.leaked()
+
+
+# -- read-ahead and write-behind ---------------------------------------------------------------
+
+
+def test_decode_reads_are_started_ahead_of_the_compute(model, prompt, tmp_path):
+    """Every decode-step read but the very first is answered by a read started while an
+    earlier layer computed; the tokens are generate()'s without offload."""
+    reference = _generate(model, prompt)
+    with _one_layer_on_page_cache(model, tmp_path, "dual") as cache:
+        ours = _generate(model, prompt, cache=cache)
+        metrics = cache.metrics()
+    assert torch.equal(ours.sequences, reference.sequences)
+    layers = model.config.num_hidden_layers
+    reads = layers * (NEW - 1)  # each decode step reads every layer once
+    assert metrics["cache_read_ahead_hits"] + metrics["cache_read_ahead_misses"] == reads
+    assert metrics["cache_read_ahead_misses"] <= 1  # layer 0 of the first decode step
+
+
+def test_a_failed_write_behind_is_raised_at_the_layers_next_update(model, prompt, tmp_path):
+    """An append that fails behind the compute is raised at the layer's next update, before
+    a row could go missing unnoticed; reads keep working."""
+    from dualblade.testing import FaultKind, FaultLog, FaultPolicy, FaultyTarget, InjectedIOError
+
+    policy = FaultPolicy(1.0, kinds=(FaultKind.EIO,), ops=("write",))
+    policy.enabled = False
+    config = DualBladeCache(model.config, PROMPT + NEW, batch_size=BATCH).config_for(BATCH)
+    data = config.model_dump()
+    data["storage"] = _storage(tmp_path)
+    data["policy"] = "direct"
+    with open_store_blocking(
+        config_from_mapping(data, env={}),
+        device="cpu",
+        wrap_direct=lambda target: FaultyTarget(target, policy, log=FaultLog()),
+    ) as store:
+        cache = DualBladeCache.in_store(model.config, store)
+        with cache:
+            layer = cache.layers[0]
+            geometry = (cache._backing.geometry.num_kv_heads, cache._backing.geometry.head_dim)
+            states = torch.randn(BATCH, geometry[0], PROMPT, geometry[1])
+            layer.update(states, states, None)
+            layer.read()  # the prefill's write has landed
+            policy.enabled = True  # appends fail from now on; reads do not
+            row = torch.randn(BATCH, geometry[0], 1, geometry[1])
+            k, _ = layer.update(row, row, None)  # answered at once, its append behind it
+            assert k.shape[2] == PROMPT + 1
+            with pytest.raises(InjectedIOError):
+                layer.update(row, row, None)
+            policy.enabled = False

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from dualblade.models.hf_cache._pipelining import LayerPipeline
 from dualblade.models.hf_cache._sizing import Geometry, held_dtype, store_config
 from dualblade.models.hf_cache.errors import DualBladeCacheError
 from dualblade.pipeline import PipelineConfig
@@ -47,6 +48,9 @@ class Backing:
         self._stack = contextlib.ExitStack()
         self._lock = threading.Lock()
         self.closed = False
+        #: rows each layer holds, and the reads and writes in flight around the compute
+        self.rows = [0] * geometry.num_layers
+        self.pipeline = LayerPipeline(1)
 
     def pipeline_config(self, batch_size: int, dtype: torch.dtype) -> PipelineConfig:
         """The store's config for this batch and dtype.
@@ -101,6 +105,7 @@ class Backing:
                     self._stack.close()
                     raise
                 self.store, self.config, self.batch_size = store, config, batch_size
+                self.pipeline = LayerPipeline(store.store.read_parallelism)
                 self.read_device = store.store.device
                 self.dtype_name = config.shape().dtype
             if held_dtype(dtype) != self.dtype_name:
@@ -149,6 +154,11 @@ class Backing:
         """Release the context (TRIM, unlink); stop the actors and the event-loop thread
         unless the store is shared (its owner closes it)."""
         with self._lock:
+            if self._context is not None:
+                # Nothing may land after the context is gone; a write that failed no longer
+                # matters to anyone.
+                with contextlib.suppress(Exception):
+                    self.pipeline.drain()
             self.closed = True
             self._context = None
             self.store = None

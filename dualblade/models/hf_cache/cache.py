@@ -146,7 +146,8 @@ class DualBladeCache(Cache):
         return self._backing.pipeline_config(batch_size, dtype)
 
     def metrics(self) -> dict[str, Any]:
-        """The store's metrics (bytes per path, hit rate...).
+        """The store's metrics (bytes per path, hit rate...), and how many of this cache's
+        reads were started ahead of the compute (``cache_read_ahead_hits``) or on demand.
 
         Raises:
             DualBladeCacheError: the store is not open.
@@ -154,7 +155,12 @@ class DualBladeCache(Cache):
         store = self._backing.store
         if store is None:
             raise DualBladeCacheError("the store is not open, so it has no metrics")
-        return store.metrics()
+        pipeline = self._backing.pipeline
+        return {
+            **store.metrics(),
+            "cache_read_ahead_hits": pipeline.prefetch_hits,
+            "cache_read_ahead_misses": pipeline.prefetch_misses,
+        }
 
     def __enter__(self) -> Self:
         return self

@@ -43,7 +43,15 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
         super().__init__()  # type: ignore[no-untyped-call]
         self._backing = backing
         self.layer_idx = layer_idx
-        self.rows = 0
+
+    @property
+    def rows(self) -> int:
+        """Rows the store holds (or will, once the writes behind the compute land)."""
+        return self._backing.rows[self.layer_idx]
+
+    @rows.setter
+    def rows(self, value: int) -> None:
+        self._backing.rows[self.layer_idx] = value
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Open the store on first use, sized from the first K/V that arrive.
@@ -108,20 +116,42 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
                 "max_new_tokens"
             )
         context = self._backing.context()
+        pipeline = self._backing.pipeline
+        layer = self.layer_idx
         if self.rows == 0:
             if new:
-                context.write(self.layer_idx, _to_rows(key_states), _to_rows(value_states))
+                pipeline.raise_failed_writes(layer)
+                k_rows, v_rows = _to_rows(key_states), _to_rows(value_states)
+                pipeline.write_behind(layer, context.write_soon(layer, k_rows, v_rows))
                 self.rows = new
             return key_states, value_states
+        old_k, old_v = pipeline.read(context, layer, self.rows)
         k_rows, v_rows = _to_rows(key_states), _to_rows(value_states)
         for row in range(new):
-            context.append(self.layer_idx, k_rows[row : row + 1], v_rows[row : row + 1])
+            appended = context.append_soon(layer, k_rows[row : row + 1], v_rows[row : row + 1])
+            pipeline.write_behind(layer, appended)
         self.rows += new
-        return self.read()
+        self._read_ahead(context)
+        k = torch.cat([old_k, k_rows.to(old_k.device)])
+        v = torch.cat([old_v, v_rows.to(old_v.device)])
+        return _to_heads(k, self.num_heads, self.head_dim), _to_heads(
+            v, self.num_heads, self.head_dim
+        )
+
+    def _read_ahead(self, context: Any) -> None:
+        """Start the reads of the next layers' rows (into the next step past the last layer):
+        they run while this layer's attention computes."""
+        rows, pipeline = self._backing.rows, self._backing.pipeline
+        for ahead in range(1, pipeline.depth + 1):
+            layer = (self.layer_idx + ahead) % len(rows)
+            if layer != self.layer_idx:
+                pipeline.prefetch(context, layer, rows[layer])
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V read back from the store, ``[batch, kv_heads, seq, head_dim]``."""
-        k, v = self._backing.context().read(self.layer_idx, (0, self.rows))
+        context = self._backing.context()
+        self._backing.pipeline.drain()
+        k, v = context.read(self.layer_idx, (0, self.rows))
         return _to_heads(k, self.num_heads, self.head_dim), _to_heads(
             v, self.num_heads, self.head_dim
         )
@@ -149,6 +179,8 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
 
     def reset(self) -> None:
         """Forget the rows; the next update writes from row 0 again (the store stays open)."""
+        if self._backing.store is not None and not self._backing.closed:
+            self._backing.pipeline.drain()
         self.rows = 0
 
     def crop(self, tokens_to_remove: int) -> None:
@@ -161,10 +193,11 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
         keep = self.rows + tokens_to_remove if tokens_to_remove <= 0 else tokens_to_remove
         if keep >= self.rows:
             return
+        context = self._backing.context()
+        self._backing.pipeline.drain()
         if keep <= 0:
             self.rows = 0
             return
-        context = self._backing.context()
         k, v = context.read(self.layer_idx, (0, keep))
         context.write(self.layer_idx, k, v)
         self.rows = keep
@@ -174,6 +207,7 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
         if self.rows == 0:
             return
         context = self._backing.context()
+        self._backing.pipeline.drain()
         k, v = context.read(self.layer_idx, (0, self.rows))
         index = beam_idx.to(k.device)
         context.write(self.layer_idx, k.index_select(1, index), v.index_select(1, index))
@@ -182,7 +216,7 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
         """Nothing to do: the layer's KV is never resident (transformers' CPU offloading)."""
 
     def prefetch(self) -> None:
-        """Nothing to do: each update reads what it needs from the store."""
+        """Nothing to do: each update starts the reads of the layers after it."""
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         """Unsupported: the store's batch is fixed when it opens.
