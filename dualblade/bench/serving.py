@@ -1,0 +1,266 @@
+"""The serving preset: many requests on one store per run, policies × memory limits.
+
+Each (policy, limit) run is a process of its own (:mod:`.serving_worker`) in a fresh memory
+cgroup, started from a cold page cache, serving the same seeded requests
+(:mod:`.serving_requests`) on one store: staggered arrivals, each a prefill then decode steps,
+all in flight at once. Limits ascend; the policies' order rotates from limit to limit so the
+disk's drift hits each alike. A run the OOM killer ends is recorded with its count.
+
+:func:`run_in_cgroup` is the isolation both service presets use (the pressure preset too).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
+from dualblade.bench.page_cache import drop_page_cache
+from dualblade.bench.serving_requests import RequestSpec, draw_requests
+from dualblade.errors import ConfigError
+
+GiB = 1 << 30
+MiB = 1 << 20
+
+#: As the sweep's workers: a fixed mmap threshold keeps freed layer-sized tensors out of the
+#: heap (else a run's anonymous memory drifts and its budget with it); two malloc arenas.
+WORKER_ENV = {"MALLOC_MMAP_THRESHOLD_": str(1 << 20), "MALLOC_ARENA_MAX": "2"}
+RUN_TIMEOUT_S = 1800.0
+SERVING_POLICIES: tuple[str, ...] = ("baseline", "cache-policy", "direct", "dual")
+KNOWN_POLICIES = frozenset({"baseline", "cache-policy", "direct", "dual", "page-cache"})
+
+#: The preset: a 16-layer, 1024-wide fp16 model; six requests of batch 6-8 and 384-504-token
+#: prompts, 12 new tokens each, arriving at 3 per second: 1.3 GiB of KV live at once, against
+#: limits that leave the page cache a fraction of it.
+SERVING_PIPELINE: dict[str, Any] = {
+    "model": {"num_layers": 24, "hidden_size": 1024, "num_heads": 16, "dtype": "float16"},
+    "workload": {"batch": 8, "prompt_len": 504, "max_new_tokens": 12},
+    "copy_threads": 2,
+    "queue_depth": 32,
+    "max_chunk": "1MiB",
+    "memory": {"limit": "auto", "safety_margin": "192MiB"},
+}
+SERVING_REQUESTS: dict[str, Any] = {
+    "count": 6,
+    "rate": 6.0,
+    "batches": (6, 7, 8),
+    "prompt_min": 384,
+    "prompt_max": 504,
+    "new_tokens": 12,
+}
+SERVING_LIMITS: tuple[int, ...] = (768 * MiB, 1024 * MiB)
+
+
+@dataclass
+class ServingPlan:
+    """What a serving bench runs: the store's pipeline, the requests, limits and policies."""
+
+    pipeline: dict[str, Any]
+    requests: list[RequestSpec]
+    limits: list[int]
+    policies: list[str]
+    work_dir: Path
+    device: str | None = None
+    compute: dict[str, Any] | None = None
+    keep_files: bool = False
+    seed: int = 0
+    label: str = "preset serving"
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def serving_plan(
+    *,
+    work_dir: Path,
+    limits: list[int] | None = None,
+    policies: list[str] | None = None,
+    requests: int | None = None,
+    new_tokens: int | None = None,
+    rate: float | None = None,
+    seed: int = 0,
+    device: str | None = None,
+    compute: str | None = None,
+    keep_files: bool = False,
+) -> ServingPlan:
+    """The preset's plan with the user's overrides.
+
+    ``compute``: an OPT preset (random weights) whose shape the store takes and whose engine
+    serves the requests instead of synthetic traffic.
+
+    Raises:
+        ConfigError: an unknown policy, no limit, or a request shape the store cannot hold.
+    """
+    pipeline: dict[str, Any] = json.loads(json.dumps(SERVING_PIPELINE))
+    knobs = dict(SERVING_REQUESTS)
+    if new_tokens is not None:
+        knobs["new_tokens"] = new_tokens
+        pipeline["workload"]["max_new_tokens"] = new_tokens
+    compute_spec = None
+    if compute:
+        pipeline["model"] = {"preset": compute}
+        gpu = (device or "").startswith("cuda")
+        compute_spec = {"preset": compute, "dtype": "float16" if gpu else "float32"}
+        pipeline["copy_threads"] = 4 if gpu else pipeline["copy_threads"]
+    specs = draw_requests(
+        requests or knobs["count"],
+        seed=seed,
+        rate=rate or knobs["rate"],
+        batches=knobs["batches"],
+        prompt_min=knobs["prompt_min"],
+        prompt_max=knobs["prompt_max"],
+        new_tokens=knobs["new_tokens"],
+    )
+    plan = ServingPlan(
+        pipeline=pipeline,
+        requests=specs,
+        limits=sorted(limits or list(SERVING_LIMITS)),
+        policies=policies or list(SERVING_POLICIES),
+        work_dir=work_dir,
+        device=device,
+        compute=compute_spec,
+        keep_files=keep_files,
+        seed=seed,
+    )
+    check_policies(plan.policies, plan.limits)
+    return plan
+
+
+def check_policies(policies: list[str], limits: list[int]) -> None:
+    """Raises ConfigError for no limit, no policy or an unknown policy."""
+    if not limits:
+        raise ConfigError("--memory-limits: give at least one limit")
+    if not policies:
+        raise ConfigError("--policies: give at least one policy")
+    unknown = sorted(set(policies) - KNOWN_POLICIES)
+    if unknown:
+        raise ConfigError(
+            f"unknown policies {unknown} (known: {', '.join(sorted(KNOWN_POLICIES))})"
+        )
+
+
+def run_order(policies: list[str], limits: list[int]) -> list[tuple[int, str]]:
+    """``(limit, policy)``: limits ascending, the policies rotated by one at every limit."""
+    order: list[tuple[int, str]] = []
+    for turn, limit in enumerate(sorted(limits)):
+        k = turn % len(policies)
+        order.extend((limit, policy) for policy in policies[k:] + policies[:k])
+    return order
+
+
+def oom_kills(group: MemoryCgroup) -> int:
+    """The kernel's OOM kills in ``group`` (``memory.events`` or ``memory.oom_control``)."""
+    name = "memory.events" if group.version == "v2" else "memory.oom_control"
+    try:
+        for line in (group.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def storage_for(work_dir: Path) -> dict[str, Any]:
+    """The runs' storage: page-cache files and a direct file under ``work_dir``."""
+    return {
+        "page_cache_dir": str(work_dir / "page-cache"),
+        "direct": {"kind": "file", "path": str(work_dir / "direct.kv")},
+    }
+
+
+def run_in_cgroup(
+    worker: str, spec: dict[str, Any], limit: int, name: str, work_dir: Path
+) -> dict[str, Any]:
+    """Run ``python -m dualblade.bench.<worker> SPEC`` in a fresh cgroup limited to ``limit``,
+    from a cold page cache; returns the worker's JSON with ``limit_bytes``, ``wall_s``,
+    ``oom_kills``, ``cgroup_peak_bytes`` and ``error`` when it failed.
+
+    Raises:
+        CgroupError: no memory cgroup can be made here.
+    """
+    run_dir = work_dir / "runs"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    out, spec_path = run_dir / f"{name}.json", run_dir / f"{name}-spec.json"
+    out.unlink(missing_ok=True)
+    group = create_memory_cgroup(f"dualblade-{name}-{os.getpid()}", limit)
+    spec = {**spec, "cgroup_procs": str(group.path / "cgroup.procs"), "out": str(out)}
+    spec_path.write_text(json.dumps(spec))
+    how = drop_page_cache([work_dir / "page-cache", work_dir / "direct.kv"])
+    started = time.perf_counter()
+    try:
+        try:
+            completed = subprocess.run(
+                [sys.executable, "-m", f"dualblade.bench.{worker}", str(spec_path)],
+                env={**os.environ, **WORKER_ENV},
+                capture_output=True,
+                text=True,
+                timeout=RUN_TIMEOUT_S,
+                check=False,
+            )
+            returncode, stderr = completed.returncode, completed.stderr
+        except subprocess.TimeoutExpired as expired:
+            returncode, stderr = -9, f"timed out after {expired.timeout} s"
+        wall = time.perf_counter() - started
+        kills = oom_kills(group)
+        peak = group.peak_bytes()
+    finally:
+        group.remove()
+    record: dict[str, Any] = {}
+    if out.exists():
+        record.update(json.loads(out.read_text()))
+    record.update(
+        limit_bytes=limit,
+        wall_s=round(wall, 3),
+        oom_kills=kills,
+        cgroup_peak_bytes=peak,
+        cache_drop=how,
+    )
+    if returncode != 0 and "error" not in record:
+        reason = "killed by the OOM killer" if kills else f"exit status {returncode}"
+        tail = stderr.strip().splitlines()[-5:]
+        record["error"] = f"{reason}: {' | '.join(tail)}"
+    return record
+
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def _noop(_label: str, _done: int, _total: int) -> None:
+    return None
+
+
+def run_serving(plan: ServingPlan, progress: ProgressFn = _noop) -> list[dict[str, Any]]:
+    """Every (policy, limit) of ``plan`` in its own cgroup; returns the run records."""
+    plan.work_dir.mkdir(parents=True, exist_ok=True)
+    order = run_order(plan.policies, plan.limits)
+    records = []
+    try:
+        for index, (limit, policy) in enumerate(order):
+            progress(f"{policy}@{limit >> 20}MiB", index, len(order))
+            pipeline = json.loads(json.dumps(plan.pipeline))
+            pipeline["policy"] = policy
+            pipeline.setdefault("storage", storage_for(plan.work_dir))
+            spec = {
+                "config": pipeline,
+                "requests": [r.to_dict() for r in plan.requests],
+                "device": plan.device,
+                "compute": plan.compute,
+                "seed": plan.seed,
+            }
+            name = f"serving-{index:02d}-{policy}"
+            record = run_in_cgroup("serving_worker", spec, limit, name, plan.work_dir)
+            record.update(policy=policy, limit_bytes=limit)
+            records.append(record)
+        progress("done", len(order), len(order))
+    finally:
+        if not plan.keep_files:
+            shutil.rmtree(plan.work_dir / "page-cache", ignore_errors=True)
+            (plan.work_dir / "direct.kv").unlink(missing_ok=True)
+    return records

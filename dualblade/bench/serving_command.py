@@ -1,0 +1,182 @@
+"""``dualblade bench --preset serving|pressure``: run a service preset, write its results.
+
+The bench command hands these two presets here with its parsed options (a mapping of the
+command's flags: ``out``, ``memory_limits``, ``policies``, ``steps``, ``requests``, ``work_dir``,
+``device``, ``compute``, ``keep_files``, ``json``, and ``squeeze`` for the pressure preset);
+each writes ``results.json`` (with a ``claims`` section whose ``all_ok`` holds only when every
+rule does), ``results.md`` and PNG plots into ``out``. See docs/serving-bench.md.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from dualblade.bench.cgroups import CgroupError, can_create_memory_cgroups
+from dualblade.errors import ConfigError
+
+SERVICE_PRESETS = ("serving", "pressure")
+
+ProgressFn = Callable[[str, int, int], None]
+
+
+def _noop(_label: str, _done: int, _total: int) -> None:
+    return None
+
+
+def parse_limits(text: str | None) -> list[int] | None:
+    from dualblade.pipeline import parse_size
+
+    if not text:
+        return None
+    return [parse_size(part) for part in text.split(",") if part.strip()]
+
+
+def parse_list(text: str | None) -> list[str] | None:
+    return [p.strip() for p in text.split(",") if p.strip()] if text else None
+
+
+def work_dir_for(options: Mapping[str, Any], name: str) -> Path:
+    from dualblade.pipeline import default_cache_dir
+
+    given = options.get("work_dir")
+    return Path(given) if given else default_cache_dir() / f"bench-{name}"
+
+
+def run_meta(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "preset": name,
+        "started": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "command": " ".join(["dualblade", *sys.argv[1:]]) if len(sys.argv) > 1 else "",
+        **extra,
+    }
+
+
+def run_serving_bench(
+    options: Mapping[str, Any], progress: ProgressFn = _noop
+) -> tuple[dict[str, Any], str]:
+    """The serving preset with ``options``: writes the output folder; returns the results.json
+    document and the markdown table."""
+    from dualblade.bench.serving import run_serving, serving_plan, storage_for
+    from dualblade.bench.serving_plots import write_serving_plots
+    from dualblade.bench.serving_report import (
+        evaluate_serving_claims,
+        serving_table,
+        summarize_run,
+    )
+    from dualblade.pipeline import config_from_mapping
+
+    if options.get("repeats") not in (None, 1):
+        raise ConfigError("--repeats: the serving preset runs each (policy, limit) once")
+    steps = options.get("steps")
+    plan = serving_plan(
+        work_dir=work_dir_for(options, "serving"),
+        limits=parse_limits(options.get("memory_limits")),
+        policies=parse_list(options.get("policies")),
+        requests=options.get("requests"),
+        new_tokens=None if steps is None else int(steps) + 1,
+        device=options.get("device"),
+        compute=options.get("compute"),
+        keep_files=bool(options.get("keep_files")),
+    )
+    need_cgroups()
+    runs = run_serving(plan, progress)
+    results = [summarize_run(r) for r in runs]
+    claims = evaluate_serving_claims(results)
+    config = config_from_mapping(
+        {**plan.pipeline, "storage": storage_for(plan.work_dir)}, source="serving", env={}
+    )
+    shape = config.shape()
+    working_set = sum(shape.total_kv_bytes(r.batch, r.max_len) for r in plan.requests)
+    report = {
+        "kv_working_set_bytes": working_set,
+        "requests": [r.to_dict() for r in plan.requests],
+        "results": results,
+        "claims": claims,
+        "runs": runs,
+        "meta": run_meta(
+            "serving",
+            {
+                "policies": plan.policies,
+                "limits_bytes": plan.limits,
+                "pipeline": plan.pipeline,
+                "compute": plan.compute,
+            },
+        ),
+    }
+    out = Path(options.get("out") or "bench-results")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
+    table = serving_table(results)
+    (out / "results.md").write_text(markdown_page(report, table, _SERVING_INTRO, _SERVING_PLOTS))
+    write_serving_plots(results, runs, out)
+    return report, table
+
+
+_SERVING_INTRO = (
+    "{n} requests (seeded Poisson arrivals, each its own batch and prompt) on one store per "
+    "run, each run in its own memory cgroup; KV of all requests {ws}. Residency: the store's "
+    "page-cache files sampled with mincore against the ledger's budget (docs/serving-bench.md)."
+)
+_SERVING_PLOTS = (
+    "![tokens/s](serving_tokens.png) ![steps](serving_steps.png) ![TTFT](serving_ttft.png) "
+    "![residency](serving_residency.png)"
+)
+
+
+def markdown_page(report: dict[str, Any], table: str, intro: str, plots: str) -> str:
+    ws = report.get("kv_working_set_bytes")
+    text = intro.format(
+        n=len(report.get("requests", [])), ws="n/a" if ws is None else f"{ws / (1 << 30):.2f} GiB"
+    )
+    claims = report["claims"]
+    verdict = "all met" if claims["all_ok"] else "NOT all met"
+    lines = [f"# dualblade bench — preset {report['meta']['preset']}", "", text, "", table]
+    lines += ["## Claims", "", f"**{verdict}**", ""]
+    lines += [f"- {why}" for why in claims.get("failed", [])]
+    lines += ["", "```json", json.dumps(claims, indent=1), "```", "", plots, ""]
+    return "\n".join(lines)
+
+
+def need_cgroups() -> None:
+    reason = can_create_memory_cgroups()
+    if reason is not None:
+        raise CgroupError(reason)
+
+
+def run_service_preset(name: str, options: Mapping[str, Any], progress: ProgressFn = _noop) -> int:
+    """Run the preset ``name`` (``serving`` or ``pressure``), print its table and verdict (or
+    the JSON with ``options["json"]``); returns the exit status (0: the claims are reported,
+    not enforced, as the sweep's are).
+
+    Raises:
+        ConfigError: an unknown preset or a bad option; CgroupError: no memory cgroups here.
+    """
+    if name == "serving":
+        report, table = run_serving_bench(options, progress)
+    elif name == "pressure":
+        from dualblade.bench.pressure import run_pressure_bench
+
+        report, table = run_pressure_bench(options, progress)
+    else:
+        raise ConfigError(
+            f"unknown service preset {name!r} (presets: {', '.join(SERVICE_PRESETS)})"
+        )
+    if options.get("json"):
+        json.dump(report, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(table)
+        for why in report["claims"].get("failed", []):
+            print(f"- {why}")
+    out = Path(options.get("out") or "bench-results")
+    verdict = "all met" if report["claims"]["all_ok"] else "NOT all met"
+    print(f"claims: {verdict} (see {out}/results.md)")
+    return 0
