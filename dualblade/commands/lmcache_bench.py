@@ -18,6 +18,7 @@ Root is needed for the cgroup (cgroup v1 here, v2 where delegated) and for dropp
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -164,7 +165,12 @@ def _spec(name: str, folder: Path, args: argparse.Namespace, size: int) -> dict[
         return {**_PLUGIN, "class_name": "DualBladeL2Adapter", "adapter_params": params}
     if name == "dualblade-block":
         extent = _device_bytes(args.block)
-        direct = {"kind": "block", "path": args.block, "extent_size": extent}
+        direct = {
+            "kind": "block",
+            "path": args.block,
+            "extent_size": extent,
+            "lba_size": _device_lba(args.block),
+        }
         params = {**own, "storage": {**own["storage"], "direct": direct}}
         return {**_PLUGIN, "class_name": "DualBladeL2Adapter", "adapter_params": params}
     if name == "raw-block":
@@ -240,7 +246,9 @@ def _run_adapter(
             "store_failures": adapter.get("store_failures"),
         }
     if done.returncode != 0:
-        result["error"] = (done.stderr.strip() or done.stdout.strip())[-2000:]
+        lines = (done.stdout + "\n" + done.stderr).splitlines()
+        said = [line for line in lines if "Failed" in line or "Error" in line] or lines[-5:]
+        result["error"] = "\n".join(said[-5:])[-2000:]
     _say(f"{name}: load {result.get('load_mbps')} MB/s, verified {result['verified']}")
     shutil.rmtree(folder, ignore_errors=True)  # free the disk for the next adapter
     return result
@@ -249,6 +257,15 @@ def _run_adapter(
 def _device_bytes(path: str) -> int:
     with open(path, "rb") as device:
         return device.seek(0, os.SEEK_END) // (1 << 20) * (1 << 20)
+
+
+def _device_lba(path: str) -> int:
+    """The block device's logical block size from sysfs (a partition's is its disk's)."""
+    block = Path("/sys/class/block") / Path(os.path.realpath(path)).name
+    for queue in (block / "queue", block / ".." / "queue"):
+        with contextlib.suppress(OSError, ValueError):
+            return int((queue / "logical_block_size").read_text())
+    return 512
 
 
 # -- the host: caches, cgroups, fio ----------------------------------------------------------------
