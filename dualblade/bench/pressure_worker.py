@@ -1,0 +1,191 @@
+"""One variant of the pressure preset, in a process of its own inside its memory cgroup.
+
+Run as ``python -m dualblade.bench.pressure_worker SPEC.json``. One context prefills, then
+decodes ``decode_steps`` steps (the sweep's derived content, every read checked). Before step
+``squeeze_step`` the squeeze begins: a memory hog in this very process (so in the same cgroup)
+allocates and touches ``squeeze.bytes`` of anonymous memory and holds it to the end, or, with
+``squeeze.kind = "limit"``, the cgroup's limit is lowered by that much. Each step's time, its
+bytes per path and resident bytes, the ledger and the context's page-cache layers are recorded.
+After the last step, with the squeeze still on, the run measures its floor where its bytes now
+are (:mod:`.floor`: the store's engine reading the context's direct extents and its resident
+and non-resident files), and prices the last step's bytes at those rates: the new floor.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_PAGE = 4096
+
+
+def _join_cgroup(spec: dict[str, Any]) -> None:
+    procs = spec.get("cgroup_procs")
+    if procs:
+        Path(procs).write_text(str(os.getpid()))
+
+
+def hog(nbytes: int) -> mmap.mmap:
+    """``nbytes`` of anonymous memory, every page written (so charged to the cgroup now)."""
+    memory = mmap.mmap(-1, max(_PAGE, nbytes))
+    chunk = b"\x5a" * (1 << 20)
+    for offset in range(0, len(memory), len(chunk)):
+        memory[offset : offset + len(chunk)] = chunk[: len(memory) - offset]
+    return memory
+
+
+def lower_limit(spec: dict[str, Any], nbytes: int) -> int:
+    """Lower this process's cgroup limit by ``nbytes``; returns the new limit."""
+    group = Path(spec["cgroup_procs"]).parent
+    limit_file = group / "memory.max"
+    if not limit_file.exists():
+        limit_file = group / "memory.limit_in_bytes"
+    new = int(limit_file.read_text().split()[0]) - nbytes
+    limit_file.write_text(str(new))
+    return new
+
+
+async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """Prefill, decode with the squeeze midway, then the floor; returns the run's record."""
+    import anyio
+    import torch
+
+    from dualblade.bench.floor import DecodeReads, decode_floor, measure_floor_rates
+    from dualblade.bench.sweep_workload import derive_kv, read_buffers
+    from dualblade.errors import plain_errors
+    from dualblade.pipeline import Medium, config_from_mapping
+    from dualblade.store import open_store
+
+    config = config_from_mapping(spec["config"], source="pressure spec", env={})
+    layers = config.shape().num_layers
+    device = spec.get("device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    data = derive_kv(config, spec.get("seed", 0))
+    buffers = read_buffers(config, device)
+    memory = [b.landings[0].buffer for b in buffers if b.landings[0] is not None]
+    squeeze = spec["squeeze"]
+    held: list[Any] = []
+    steps: list[dict[str, Any]] = []
+    report: dict[str, Any] = {"policy": config.policy, "replan": spec.get("replan", True)}
+    async with open_store(config, device=device, replan=spec.get("replan", True)) as store:
+        async with store.context() as ctx:
+            started = time.perf_counter()
+            for layer in range(layers):
+                k, v = data.prompt_rows("K", layer), data.prompt_rows("V", layer)
+                await ctx.write(layer, k.to(device), v.to(device))
+            report["prefill_s"] = time.perf_counter() - started
+            start = time.perf_counter()
+
+            async def squeeze_now() -> None:
+                if squeeze["kind"] == "limit":
+                    report["limit_after_bytes"] = lower_limit(spec, squeeze["bytes"])
+                else:
+                    held.append(await anyio.to_thread.run_sync(hog, squeeze["bytes"]))
+                report["squeeze_done_s"] = time.perf_counter() - start
+
+            with plain_errors():
+                async with anyio.create_task_group() as tg:
+                    for step in range(spec["decode_steps"]):
+                        if step == spec["squeeze_step"]:
+                            report["squeeze_at_s"] = time.perf_counter() - start
+                            tg.start_soon(squeeze_now)
+                        before = store.stats()
+                        began = time.perf_counter()
+                        async with store.iteration():
+                            await _step(ctx, data, step, buffers, device)
+                        ended = time.perf_counter()
+                        after = store.stats()
+                        steps.append(_step_record(before, after, began - start, ended - began))
+                        steps[-1]["page_cache_layers"] = ctx.media.count(Medium.PAGE_CACHE)
+            last = steps[-1]
+            reads = DecodeReads(
+                direct=last["read_bytes"].get("direct", 0),
+                page_cache=last["read_bytes"].get("page-cache", 0)
+                + last["read_bytes"].get("baseline", 0),
+                resident=last["resident_bytes"],
+            )
+            rates = await measure_floor_rates(store, ctx, memory)
+            report["floor"] = decode_floor(reads, rates)
+            report["final_media"] = [str(m) for m in ctx.media]
+        report["ledger"] = store.stats().ledger.to_dict()
+    report["steps"] = steps
+    report["squeeze"] = squeeze
+    held.clear()
+    return report
+
+
+def _step_record(before: Any, after: Any, at: float, seconds: float) -> dict[str, Any]:
+    reads = {p: after.read_bytes.get(p, 0) - before.read_bytes.get(p, 0) for p in after.read_bytes}
+    return {
+        "start_s": round(at, 4),
+        "step_s": round(seconds, 5),
+        "read_bytes": reads,
+        "resident_bytes": after.cache_hit_bytes - before.cache_hit_bytes,
+        "ledger_budget_bytes": after.ledger.budget_bytes,
+        "ledger_placed_bytes": after.ledger.placed_bytes,
+        "demotions": after.ledger.demotions,
+        "promotions": after.ledger.promotions,
+    }
+
+
+async def _step(ctx: Any, data: Any, step: int, buffers: list[Any], device: Any) -> None:
+    """One decode step in layer order, one read in flight per buffer pair, every read
+    checked on a sample of rows, one row appended per layer."""
+    import anyio
+
+    prefetch = len(buffers)
+    layers = ctx.num_layers
+    results: dict[int, Any] = {}
+    ready = [anyio.Event() for _ in range(layers)]
+    slots = anyio.Semaphore(prefetch)
+
+    async def fetch(layer: int) -> None:
+        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
+        ready[layer].set()
+
+    async with anyio.create_task_group() as tg:
+
+        async def reader() -> None:
+            for layer in range(layers):
+                await slots.acquire()
+                tg.start_soon(fetch, layer)
+
+        tg.start_soon(reader)
+        for layer in range(layers):
+            await ready[layer].wait()
+            k, v = results.pop(layer)
+            data.check("K", layer, k, "sample")
+            data.check("V", layer, v, "sample")
+            del k, v
+            await ctx.append(
+                layer,
+                data.appended_row("K", layer, step).to(device),
+                data.appended_row("V", layer, step).to(device),
+            )
+            slots.release()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: ``python -m dualblade.bench.pressure_worker SPEC.json``."""
+    args = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(args[0]).read_text())
+    _join_cgroup(spec)
+    import anyio
+
+    from dualblade.errors import DualbladeError
+
+    try:
+        report = anyio.run(run_spec, spec)
+    except DualbladeError as error:
+        Path(spec["out"]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
+        return 1
+    Path(spec["out"]).write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
