@@ -17,3 +17,12 @@ from dualblade.bench.sweep import check_plan as check_plan
 from dualblade.bench.sweep_report import aggregate as aggregate
 from dualblade.bench.sweep_report import evaluate_claims as evaluate_claims
 from dualblade.bench.sweep_report import markdown_table as markdown_table
+from dualblade.bench.pressure import pressure_plan as pressure_plan
+from dualblade.bench.pressure import run_pressure as run_pressure
+from dualblade.bench.serving import ServingPlan as ServingPlan
+from dualblade.bench.serving import run_serving as run_serving
+from dualblade.bench.serving import serving_plan as serving_plan
+from dualblade.bench.serving_command import SERVICE_PRESETS as SERVICE_PRESETS
+from dualblade.bench.serving_command import run_service_preset as run_service_preset
+from dualblade.bench.serving_requests import RequestSpec as RequestSpec
+from dualblade.bench.serving_requests import draw_requests as draw_requests
