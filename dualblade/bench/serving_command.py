@@ -159,6 +159,8 @@ def run_service_preset(name: str, options: Mapping[str, Any], progress: Progress
     Raises:
         ConfigError: an unknown preset or a bad option; CgroupError: no memory cgroups here.
     """
+    if options.get("config"):
+        raise ConfigError(f"--preset {name} takes no config file: its shape is the preset's")
     if name == "serving":
         report, table = run_serving_bench(options, progress)
     elif name == "pressure":

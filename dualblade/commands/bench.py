@@ -23,7 +23,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "bench", help="sweep policies over memory limits (each run in its own memory cgroup)"
     )
     parser.add_argument("config", nargs="?", help="pipeline config (TOML/YAML) to sweep")
-    parser.add_argument("--preset", help="quick, paper or long-context (default: quick)")
+    parser.add_argument(
+        "--preset",
+        help="quick, paper or long-context (default: quick); serving or pressure: many requests "
+        "on one store, or memory taken midway (docs/serving-bench.md)",
+    )
     parser.add_argument("--memory-limits", help="comma-separated limits, e.g. 1GiB,2GiB")
     parser.add_argument(
         "--policies",
@@ -51,6 +55,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--keep-files", action="store_true", help="keep the runs' KV files")
     parser.add_argument("--json", action="store_true", help="print results.json to stdout")
+    parser.add_argument("--requests", type=int, help="--preset serving: requests per run")
+    parser.add_argument(
+        "--squeeze",
+        choices=("hog", "limit"),
+        help="--preset pressure: a memory hog or a lower limit",
+    )
     parser.set_defaults(func=bench)
 
 
@@ -109,6 +119,10 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
 
 
 def bench(args: argparse.Namespace) -> int:
+    from dualblade.bench import SERVICE_PRESETS, run_service_preset
+
+    if args.preset in SERVICE_PRESETS:
+        return run_service_preset(args.preset, vars(args), ProgressBar())
     from dualblade.bench import (
         CgroupError,
         Sweep,
