@@ -44,6 +44,7 @@ from dualblade.bench.process_stats import (
 from dualblade.bench.soak_disk import DiskFiller, full_disk_bytes, small_file_system
 from dualblade.bench.soak_memory import MemorySampler, settled_memory
 from dualblade.bench.soak_options import SoakOptions, soak_config
+from dualblade.bench.soak_pressure import PressureLog, squeeze
 from dualblade.bench.soak_report import soak_document
 from dualblade.bench.soak_worker import Soak
 from dualblade.io_engine import Target
@@ -108,10 +109,15 @@ async def run_in_folder(
     start = time.monotonic()
     sampler = MemorySampler(start)
     sampler.take()
-    # No live re-planning: each fault must land on one context's own operation, and a layer
-    # move is the store's (the --pressure mode will soak the moves and attribute their faults).
+    pressure = PressureLog()
+    # Live re-planning only under --pressure (which runs without faults): otherwise each fault
+    # must land on one context's own operation, and a layer move is the store's.
     async with open_store(
-        config, device="cpu", wrap_direct=wrap, page_cache_file=page_cache_file, replan=False
+        config,
+        device="cpu",
+        wrap_direct=wrap,
+        page_cache_file=page_cache_file,
+        replan=options.pressure,
     ) as store:
         soak = Soak(store, log, options, start + options.seconds)
         if observer is not None:
@@ -128,6 +134,8 @@ async def run_in_folder(
             tg.start_soon(sampler.run, sample_s, report)
             if options.full_disk:
                 tg.start_soon(DiskFiller(folder, options.seed).run)
+            if options.pressure:
+                tg.start_soon(squeeze, store, options.seed, pressure)
             await soak.run_workers()
             last = sampler.take()
             tg.cancel_scope.cancel()
@@ -135,6 +143,7 @@ async def run_in_folder(
             observer.sampled(soak, log, last)
         elapsed = time.monotonic() - start
         held = store.stats()  # what the contexts still hold, all of them closed
+        squeezed = pressure.to_dict(store) if options.pressure else None
         injected = {kind.value: n for kind, n in log.counts().items()}
     leaked_fds = describe_fds(open_fds() - fds_before)
     leaked_threads = sorted(live_threads() - threads_before)
@@ -157,5 +166,7 @@ async def run_in_folder(
             "locked_bytes_after": after.locked_bytes,
             "pinned_bytes_before": pinned_before,
             "pinned_bytes_after": after.pinned_bytes,
+            "ledger_placed_bytes": held.ledger.placed_bytes,
         },
+        pressure=squeezed,
     )

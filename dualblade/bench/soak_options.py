@@ -51,8 +51,8 @@ class SoakOptions:
             store started.
         full_disk: put the scratch folder on a small tmpfs (root only), so contexts meet a
             full disk for real at claims, writes and page-cache files (:mod:`.soak_disk`).
-        pressure: shrink and grow the memory budget while contexts decode. Not yet: it needs
-            the store's live re-planning.
+        pressure: shrink and grow the page-cache budget while contexts decode, with the
+            store's live re-planning on (:mod:`.soak_pressure`); needs a fault rate of 0.
     """
 
     seconds: float
@@ -71,10 +71,11 @@ class SoakOptions:
 
     def check(self) -> None:
         """Raises ConfigError for values that cannot run (or modes this machine cannot run)."""
-        if self.pressure:
+        if self.pressure and self.fault_rate:
             raise ConfigError(
-                "--pressure needs the store's live re-planning (demotions and promotions as the "
-                "budget changes), which is not in this build yet"
+                "--pressure runs without injected faults: a fault on a layer move is the "
+                "store's, not a context operation's, and the soak attributes every fault to an "
+                "operation; give --fault-rate 0"
             )
         if self.full_disk and os.geteuid() != 0:
             raise ConfigError(

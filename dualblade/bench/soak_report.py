@@ -26,6 +26,7 @@ def soak_document(
     sample_s: float,
     elapsed: float,
     leaks: dict[str, Any],
+    pressure: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The report; ``injected`` counts faults by kind, ``leaks`` what was left afterwards."""
     attributed = ledger.attributed()
@@ -50,10 +51,19 @@ def soak_document(
         or leaks["extents_held"]
         or leaks["files_held"]
         or leaks["pinned_bytes_after"] > leaks["pinned_bytes_before"]
+        or leaks.get("ledger_placed_bytes", 0)
     )
     # A full-disk run that never found the disk full tested nothing.
     full_disk_ok = not options.full_disk or sum(ledger.full_disk.values()) > 0
-    ok = ledger.mismatches == 0 and faults_ok and leaks_ok and growth_ok and full_disk_ok
+    pressure_ok = pressure is None or bool(pressure["ok"])
+    ok = (
+        ledger.mismatches == 0
+        and faults_ok
+        and leaks_ok
+        and growth_ok
+        and full_disk_ok
+        and pressure_ok
+    )
     hard = [k.value for k in FaultKind if k.hard]
     return {
         "ok": ok,
@@ -78,6 +88,7 @@ def soak_document(
             "no_room_errors": dict(ledger.full_disk),
             "ok": full_disk_ok,
         },
+        "pressure": pressure,
         "faults": {
             "injected": injected,
             "injected_hard": sum(injected.get(k, 0) for k in hard),

@@ -2,7 +2,8 @@
 byte checked; exits non-zero on any mismatch, unaccounted fault, leak or RSS growth.
 
 ``--kill-restart`` kills and restarts the store's process, ``--full-disk`` runs it on a small
-file system; ``--pressure`` (memory budget changes) waits for the store's live re-planning."""
+file system, ``--pressure`` shrinks and grows the page-cache budget (live re-planning) while
+contexts decode; modes combine."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--contexts", type=int, default=8, help="concurrent contexts (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of data, ops and faults")
     parser.add_argument(
-        "--fault-rate", type=float, default=0.02, help="share of direct chunks faulted (0.02)"
+        "--fault-rate",
+        type=float,
+        default=None,
+        help="share of direct chunks faulted (0.02; 0 under --pressure)",
     )
     parser.add_argument(
         "--cancel-rate", type=float, default=0.1, help="share of operations cancelled (0.1)"
@@ -75,8 +79,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     modes.add_argument(
         "--pressure",
         action="store_true",
-        help="shrink and grow the memory budget while contexts decode (not yet: needs the "
-        "store's live re-planning)",
+        help="shrink and grow the page-cache budget every second or so while contexts decode: "
+        "the store demotes and promotes live layers (no injected faults)",
     )
     parser.add_argument("--json", action="store_true", help="print the JSON report")
     parser.set_defaults(func=run)
@@ -90,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         seconds=seconds,
         contexts=args.contexts,
         seed=args.seed,
-        fault_rate=args.fault_rate,
+        fault_rate=(0.0 if args.pressure else 0.02) if args.fault_rate is None else args.fault_rate,
         cancel_rate=args.cancel_rate,
         policy=args.policy,
         workdir=args.dir,
@@ -130,6 +134,15 @@ def _summary(report: dict[str, Any]) -> str:
         ("rss growth (first to last window)", memory["rss_growth_first_to_last"]),
         ("leaks", {k: v for k, v in report["leaks"].items() if v and "bytes" not in k} or "none"),
     ]
+    pressure = report.get("pressure")
+    if pressure:
+        rows.append(
+            (
+                "pressure: budget changes / demotions / promotions / failed moves",
+                f"{pressure['budget_changes']} / {pressure['demotions']} / "
+                f"{pressure['promotions']} / {pressure['failed_moves']}",
+            )
+        )
     if report["full_disk"]["enabled"]:
         rows.append(("full disk: ENOSPC met (op:io)", report["full_disk"]["no_room_errors"] or "-"))
     if report.get("mode") == "kill-restart":

@@ -245,17 +245,19 @@ class KVContext:
         if not 0 < rows <= self.max_len:
             raise KVShapeError(f"write of {rows} rows; a context holds 1..{self.max_len} rows")
         span = RowRange(0, rows)
-        async with self._layer_locks[layer]:
-            try:
+        try:
+            # Waiting for the layer's lock (a move) counts as part of the write: cancelled
+            # there, the layer is lost as the contract says, whatever it still holds.
+            async with self._layer_locks[layer]:
                 await self._both(
                     lambda t: self._store_message(layer, t, span, k if t == "K" else v)
                 )
-            except BaseException:
-                # Some rows may hold new bytes and some old ones; never serve the mix.
-                self._lost.add(layer)
-                raise
-            self._lost.discard(layer)
-            self._lengths[layer] = rows
+                self._lost.discard(layer)
+                self._lengths[layer] = rows
+        except BaseException:
+            # Some rows may hold new bytes and some old ones; never serve the mix.
+            self._lost.add(layer)
+            raise
 
     async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
         """Append one row (a decode step's K and V); returns the layer's new length.

@@ -139,7 +139,7 @@ def test_soak_fails_on_a_leaked_extent(
         (["--seconds", "0"], "positive duration"),
         (["--max-rss-growth", "0"], "--max-rss-growth"),
         (["--restart-after", "2", "1"], "--restart-after"),
-        (["--pressure"], "live re-planning"),
+        (["--pressure", "--fault-rate", "0.1"], "--fault-rate 0"),
     ],
 )
 def test_soak_refuses_bad_arguments(
@@ -238,3 +238,35 @@ def test_full_disk_needs_root(
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     assert main(["soak", "--full-disk", "--seconds", "1"]) == 2
     assert "needs root" in capsys.readouterr().err
+
+
+def test_pressure_soak_moves_layers_and_loses_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The budget shrinks and grows under decoding contexts: layers are demoted and promoted,
+    every byte read is checked, nothing is left held, and the ledger fits after each squeeze."""
+    code = main(
+        [
+            "soak",
+            "--seconds",
+            "5",
+            "--contexts",
+            "6",
+            "--pressure",
+            "--seed",
+            "4",
+            "--dir",
+            str(tmp_path),
+            "--json",
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    assert report["mismatches"] == 0
+    assert report["fault_rate"] == 0
+    pressure = report["pressure"]
+    assert pressure["ok"] is True
+    assert pressure["budget_changes"] >= 2
+    assert pressure["demotions"] > 0
+    assert pressure["promotions"] > 0
+    assert report["leaks"]["ledger_placed_bytes"] == 0

@@ -385,3 +385,32 @@ async def test_a_new_mix_of_contexts_probes_the_strategy_again(make_config: Make
             assert (await store.strategy()).locked
         assert not (await store.strategy()).locked  # back to one
         assert store.runtime.probe.reprobes == 2
+
+
+async def test_a_write_cancelled_while_a_move_holds_its_layer_loses_the_layer(
+    make_config: MakeConfig,
+) -> None:
+    """The contract of write: cancelled part-way, the layer is refused until written again,
+    also when the cancel came while it waited for a move of its layer."""
+    from dualblade.store import LayerLostError
+
+    config = _config(make_config)
+    requests = Requests(config)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await requests.prefill(ctx, 4)
+        held, done = anyio.Event(), anyio.Event()
+
+        async def hold_layer_0() -> None:  # as a move of layer 0 does
+            async with ctx._layer_locks[0]:
+                held.set()
+                await done.wait()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(hold_layer_0)
+            await held.wait()
+            with anyio.move_on_after(0.05):
+                await ctx.write(0, *random_kv(config, PROMPT, seed=9))
+            done.set()
+        with pytest.raises(LayerLostError):
+            await ctx.read(0)
+        await requests.check(ctx, 1)
