@@ -242,6 +242,7 @@ def _run_adapter(
             "read_bytes": store.get("read_bytes"),
             "page_cache_hit_rate": store.get("page_cache_hit_rate"),
             "evictions": adapter.get("evictions"),
+            "ledger": store.get("ledger"),
             "load_failures": adapter.get("load_failures"),
             "store_failures": adapter.get("store_failures"),
         }

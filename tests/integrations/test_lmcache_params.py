@@ -37,6 +37,8 @@ def test_empty_params_run_the_embedded_default_in_a_folder_of_its_own(tmp_path: 
         assert config.storage.direct.extent_size == first.capacity == 4 << 30
         assert config.memory.knob_x is None  # the page-cache share follows the budget
         assert config.copy_threads == 8
+        assert first.replan is False  # stored objects stay where they were placed
+        assert first.stats_file is None
         assert first.geometry == ObjectGeometry(row_bytes=4096, max_rows=128)  # 1 MiB objects
         shape = config.shape()
         assert (shape.num_layers, shape.dtype) == (1, "float16")
@@ -79,6 +81,8 @@ def test_a_config_file_with_keys_laid_over_it(tmp_path: Path) -> None:
         ({"storage": {"direct": {"kind": "tape"}}}, r"kind must be one of"),
         ({"config": "/nonexistent/kv.toml"}, r"adapter_params\.config: .*No such file"),
         ({"config": 7}, r"adapter_params\.config must be a file path"),
+        ({"replan": "yes"}, r"adapter_params\.replan must be true or false"),
+        ({"stats_file": 3}, r"adapter_params\.stats_file must be a path"),
         (
             {
                 "capacity": "2GiB",
@@ -97,3 +101,32 @@ def test_a_failed_construction_leaves_no_folder(tmp_path: Path) -> None:
     with pytest.raises(AdapterParamsError):
         DualBladeL2Adapter({"copy_threads": 0})
     assert list((tmp_path / "cache" / "dualblade").glob("lmcache-*")) == []
+
+
+def test_untouched_l1_is_kept_out_of_the_page_cache_budget(tmp_path: Path) -> None:
+    """LMCache's L1 that nobody touched yet is not in use yet; the adapter adds it to the
+    budget's safety margin so the page cache is not promised memory LMCache will fill."""
+    import torch
+
+    from dualblade.integrations.lmcache import DualBladeL2Adapter as Adapter
+
+    l1 = torch.empty(64 << 20, dtype=torch.uint8)  # large: mapped, not yet resident
+    l1[: 16 << 20].fill_(1)
+
+    class L1:
+        ptr, size = l1.data_ptr(), l1.numel()
+
+    params = {
+        "storage": {"page_cache_dir": str(tmp_path / "pc"), "direct": {"path": str(tmp_path / "d")}}
+    }
+    plain = Adapter(params)
+    held = Adapter(
+        {**params, "storage": {**params["storage"], "direct": {"path": str(tmp_path / "e")}}},
+        l1_memory_desc=L1(),
+    )
+    try:
+        extra = held.setup.config.memory.safety_margin - plain.setup.config.memory.safety_margin
+        assert 40 << 20 <= extra <= 48 << 20  # the untouched 48 MiB (pages, huge pages aside)
+    finally:
+        plain.close()
+        held.close()

@@ -221,3 +221,25 @@ def test_the_last_stats_are_written_at_close(make_adapter: MakeAdapter, tmp_path
     assert written["placed"] == {"direct": 1}
     assert written["store"]["read_bytes"]["direct"] >= 4096
     assert written["objects"] == 0  # released at close
+
+
+def test_the_store_wide_budget_places_objects(make_adapter: MakeAdapter) -> None:
+    """dual: the first objects take the page-cache budget (four of 64 KiB fit 256 KiB), the
+    rest go direct; a deleted page-cache object leaves its room to the next one stored."""
+    adapter = make_adapter("dual", memory={"page_cache_budget": "256KiB"})
+    drive = Driver(adapter)
+    keys = [key(i) for i in range(10)]
+    for k in keys:  # one at a time: first come, first placed
+        assert drive.store([k], [random_obj(64 << 10, seed=1)]).is_successful()
+    media = [where.medium for where in map(adapter.placement, keys) if where is not None]
+    assert media == ["page-cache"] * 4 + ["direct"] * 6
+    stats = adapter.stats()
+    assert stats.placed == {"page-cache": 4, "direct": 6}
+    assert stats.store["ledger"]["placed_bytes"] == 256 << 10
+    assert stats.store["ledger"]["demotions"] == stats.store["ledger"]["promotions"] == 0
+    adapter.delete([keys[1]])
+    assert drive.store([key("next")], [random_obj(64 << 10, seed=2)]).is_successful()
+    where = adapter.placement(key("next"))
+    assert where is not None
+    assert where.medium == "page-cache"
+    assert adapter.placement(keys[9]).medium == "direct"  # stored objects are not moved

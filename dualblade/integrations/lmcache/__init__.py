@@ -17,6 +17,7 @@ from dualblade.integrations.lmcache.adapter import AdapterClosedError as Adapter
 from dualblade.integrations.lmcache.adapter import DualBladeL2Adapter as DualBladeL2Adapter
 from dualblade.integrations.lmcache.index import Entry as Entry
 from dualblade.integrations.lmcache.index import ObjectIndex as ObjectIndex
+from dualblade.integrations.lmcache.object_store import NewestFirst as NewestFirst
 from dualblade.integrations.lmcache.object_store import Placement as Placement
 from dualblade.integrations.lmcache.objects import ObjectShapeError as ObjectShapeError
 from dualblade.integrations.lmcache.params import AdapterParamsError as AdapterParamsError
@@ -32,6 +33,7 @@ __all__ = [
     "AdapterStats",
     "DualBladeL2Adapter",
     "Entry",
+    "NewestFirst",
     "ObjectGeometry",
     "ObjectIndex",
     "ObjectShapeError",

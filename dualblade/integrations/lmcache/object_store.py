@@ -32,12 +32,37 @@ from dualblade.integrations.lmcache.objects import (
 from dualblade.integrations.lmcache.params import ObjectGeometry
 from dualblade.logs import get_logger
 from dualblade.pipeline import KpuId, Medium
-from dualblade.store import KVContext, KVStore
+from dualblade.store import ContextDemand, KVContext, KVStore
 
 _log = get_logger(__name__)
 
 #: Rounds of evicting and retrying when concurrent stores keep taking the room just made.
 _ROOM_TRIES = 16
+
+
+class NewestFirst:
+    """How the adapter's objects share the store's page-cache budget: the newest take it first.
+
+    A :class:`dualblade.store.SharePolicy`. The store admits a new context to
+    ``min(its share, what is free)``, so a new object goes to the page cache exactly when the
+    budget has room, and room that an evicted or deleted object gives back goes to the next
+    object stored — as an LRU cache wants, where the newest objects are the likeliest to be
+    read. (The store's first-come policy would give that room to the oldest direct object,
+    which is never moved while re-planning is off, so freed room would stay unused.)
+    """
+
+    def shares(self, budget: int, demands: Sequence[ContextDemand]) -> dict[int, int]:
+        result: dict[int, int] = {}
+        left = max(0, budget)
+        for demand in sorted(demands, key=lambda d: -d.arrival):
+            n = 0
+            for size in demand.layer_bytes:
+                if size > left:
+                    break
+                left -= size
+                n += 1
+            result[demand.context] = n
+        return result
 
 
 @dataclass

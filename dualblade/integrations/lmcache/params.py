@@ -7,6 +7,7 @@ The adapter's storage is a dualblade store, so the params are a pipeline config 
      "capacity": "64GiB",                       # bytes of objects the adapter holds at most
      "object_size": "1MiB",                     # the largest object LMCache will store
      "stats_file": "/var/log/kv-stats.json",    # the adapter's last stats, written at close
+     "replan": false,                           # move stored objects when the budget changes
      "storage": {"direct": {"kind": "block", "path": "/dev/nvme0n1p3", "extent_size": "64GiB"}},
      "copy_threads": 8}
 
@@ -43,7 +44,7 @@ from dualblade.pipeline import (
 )
 
 #: The adapter's own keys; the rest are the pipeline config's.
-OWN_KEYS = ("config", "capacity", "object_size", "stats_file")
+OWN_KEYS = ("config", "capacity", "object_size", "stats_file", "replan")
 #: Pipeline keys the adapter sets itself from ``object_size``.
 DERIVED_KEYS = ("model", "workload")
 DEFAULT_OBJECT_SIZE = 1 << 20
@@ -109,6 +110,7 @@ class AdapterSetup:
     geometry: ObjectGeometry
     scratch: Path | None
     stats_file: Path | None = None
+    replan: bool = False
 
     def remove_scratch(self) -> None:
         if self.scratch is not None:
@@ -141,6 +143,9 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
     base = _base(params.get("config"))
     overrides = {k: v for k, v in params.items() if k not in OWN_KEYS}
     data = _merge(base.model_dump(), overrides)
+    replan = params.get("replan", False)
+    if not isinstance(replan, bool):
+        raise AdapterParamsError(f"adapter_params.replan must be true or false, got {replan!r}")
     stats_file = params.get("stats_file")
     if stats_file is not None and not isinstance(stats_file, str | Path):
         raise AdapterParamsError(f"adapter_params.stats_file must be a path, got {stats_file!r}")
@@ -148,7 +153,9 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
     try:
         setup = _setup(data, object_size, capacity, scratch)
         return dataclasses.replace(
-            setup, stats_file=None if stats_file is None else Path(stats_file).expanduser()
+            setup,
+            stats_file=None if stats_file is None else Path(stats_file).expanduser(),
+            replan=replan,
         )
     except BaseException:
         if scratch is not None:
