@@ -125,6 +125,8 @@ async def run_in_folder(
             soak.ledger.on_problem = lambda: observer.sampled(soak, log, memory_sample())
 
         def report(elapsed: float, sample: MemorySample) -> None:
+            if options.pressure:
+                soak.pressure = pressure.to_dict(store)
             if progress is not None:
                 progress(soak.status(elapsed, sample.rss_bytes))
             if observer is not None:
@@ -139,6 +141,8 @@ async def run_in_folder(
             await soak.run_workers()
             last = sampler.take()
             tg.cancel_scope.cancel()
+        if options.pressure:
+            soak.pressure = pressure.to_dict(store)
         if observer is not None:
             observer.sampled(soak, log, last)
         elapsed = time.monotonic() - start

@@ -57,6 +57,7 @@ class LineReporter:
             ledger=soak.ledger.to_json(),
             injected={kind.value: n for kind, n in faults.counts().items()},
             rss_bytes=sample.rss_bytes,
+            pressure=soak.pressure,
         )
 
 

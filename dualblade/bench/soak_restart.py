@@ -244,6 +244,9 @@ def restart_document(
     )
     reclaimed = [run.reclaimed for run in runs[1:] if run.reclaimed is not None]
     rss = [run.snapshot["rss_bytes"] for run in runs if run.snapshot is not None]
+    pressure = _pressure(options, runs)
+    if pressure is not None and not pressure["ok"]:
+        problems.append(f"a squeeze went wrong: {pressure}")
     ok = not problems and ledger.mismatches == 0 and faults_ok and bool(final_doc.get("ok"))
     hard = {k.value for k in FaultKind if k.hard}
     return {
@@ -268,6 +271,7 @@ def restart_document(
         "errors_by_type": dict(ledger.errors),
         "lost_layer_refusals": ledger.lost_refusals,
         "full_disk": {"enabled": options.full_disk, "no_room_errors": dict(ledger.full_disk)},
+        "pressure": pressure,
         "reclaim": {
             "reclaimed_bytes": sum(r["bytes"] for r in reclaimed),
             "reclaimed_files": sum(r["files"] for r in reclaimed),
@@ -309,3 +313,19 @@ def restart_document(
             for run in runs
         ],
     }
+
+
+def _pressure(options: SoakOptions, runs: list[ChildRun]) -> dict[str, Any] | None:
+    """--pressure over all children: their last reports added up."""
+    if not options.pressure:
+        return None
+    reports = [r.snapshot["pressure"] for r in runs if r.snapshot and r.snapshot.get("pressure")]
+    total: dict[str, Any] = {
+        key: sum(report[key] for report in reports)
+        for key in ("budget_changes", "demotions", "promotions", "failed_moves")
+    }
+    total["over_budget_after_moves"] = [
+        line for report in reports for line in report["over_budget_after_moves"]
+    ][:10]
+    total["ok"] = all(report["ok"] for report in reports) and total["budget_changes"] > 0
+    return total

@@ -55,6 +55,8 @@ class Soak:
         self.options = options
         self.deadline = deadline
         self.ledger = Ledger(disk_full_expected=options.full_disk)
+        #: what --pressure did so far (None without it), for reports while it runs
+        self.pressure: dict[str, Any] | None = None
         self.direct_target = store.stats().direct_target  # the name its faults are logged under
 
     def status(self, elapsed: float, rss_bytes: int) -> str:
