@@ -86,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-chunk", default="256KiB", help="our adapter's largest I/O (default: %(default)s)"
     )
     parser.add_argument("--no-fio", action="store_true", help="skip the fio reference")
-    parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--json", action="store_true", help="print JSON, not the table")
+    parser.add_argument("--out", help="also write the JSON document to this file")
     parser.set_defaults(func=run)
 
 
@@ -105,28 +106,21 @@ def run(args: argparse.Namespace) -> int:
     limit = _limit(args.memory_limit, 2 * per_round + parse_size(args.overhead) + stored // 2)
     root = Path(args.dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
-    setup = {
-        "key_bytes": size,
-        "keys_per_round": per_round // size,
-        "stored_bytes": stored,
-        "l1_bytes": 2 * per_round,
-        "memory_limit": limit,
-        "dir": str(root),
-        "block": args.block,
-    }
+    setup = {"key_bytes": size, "keys_per_round": per_round // size, "stored_bytes": stored}
+    setup |= {"l1_bytes": 2 * per_round, "memory_limit": limit, "dir": str(root)}
     _say(
         f"stored set {format_size(stored)}, L1 {format_size(2 * per_round)}, memory limit "
         f"{format_size(limit) if limit else 'none'}; files under {root}"
     )
-    results = []
-    for name in names:
-        results.append(_run_adapter(name, args, root, limit))
+    results = [_run_adapter(name, args, root, limit) for name in names]
     # our direct path's queue depth: each copy thread moves one K or V, in chunks of max_chunk
     chunk = parse_size(args.max_chunk)
     depth = args.copy_threads * max(1, -(-(size // 2) // chunk))
     fio = None if args.no_fio else _fio(root, stored, depth, chunk)
     document = {"setup": setup, "adapters": results, "fio_read": fio}
     document["ratios"] = _ratios(results, fio)
+    if args.out:
+        Path(args.out).write_text(json.dumps(document, indent=2, default=str) + "\n")
     if args.json:
         print_json(document)
     else:
@@ -146,7 +140,7 @@ def _limit(text: str, auto: int) -> int | None:
 
 
 def _say(line: str) -> None:
-    print(f"lmcache-bench: {line}", file=sys.stderr, flush=True)
+    print(f"lmcache-bench: {line}", file=sys.stderr, flush=True)  # progress, not the report
 
 
 # -- one adapter -----------------------------------------------------------------------------------
