@@ -8,6 +8,8 @@ began after ``s`` whose time is at most ``FLOOR_SLACK`` × the floor and from wh
 step is too; ``recovered_after_s`` is that end minus ``s``.
 
 The claim (issue 14): dual with live re-planning recovers within :data:`RECOVERY_S` seconds.
+A floor that the steps after the squeeze beat by more than 5 % (``after_p50_over_floor`` below
+:data:`~dualblade.bench.floor.VALID_RATIO`) is no floor, and the claim fails saying so.
 The static variant and the baseline are reported beside it, unjudged.
 """
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from dualblade.bench.floor import VALID_RATIO
 from dualblade.bench.serving_report import percentile
 
 RECOVERY_S = 2.0
@@ -103,6 +106,12 @@ def evaluate_pressure_claims(results: list[dict[str, Any]]) -> dict[str, Any]:
         claim["floor_s"] = dual["floor_s"]
         if dual["floor_s"] is None:
             failed.append(f"dual's new floor was not measured ({dual.get('floor_error')})")
+        elif (ratio := dual["after_p50_over_floor"]) is not None and ratio < VALID_RATIO:
+            failed.append(
+                f"dual's steps after the squeeze took {ratio:.2f} x its new floor (< "
+                f"{VALID_RATIO}): the floor measured something else than the run's storage "
+                "(the disk drifted, or the host cached the decode's reads and not the passes')"
+            )
         elif dual["recovered_after_s"] is None:
             failed.append(
                 f"dual never returned to <= {FLOOR_SLACK} x its new floor "

@@ -80,6 +80,7 @@ def test_the_claim_holds_when_dual_recovers_within_two_seconds() -> None:
         ([0.3] * 10 + [0.8] * 6, 0.3, 0, "never returned"),
         ([0.3] * 10 + [0.3] * 6, None, 0, "floor was not measured"),
         ([0.3] * 16, 0.3, 1, "OOM kills"),
+        ([0.3] * 30, 0.4, 0, "measured something else"),
     ],
 )
 def test_a_broken_rule_fails_the_claim_and_is_named(
