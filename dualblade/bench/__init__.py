@@ -9,14 +9,6 @@ from dualblade.bench.kv_workload import summarize as summarize
 from dualblade.bench.pipebench import run_pipebench as run_pipebench
 from dualblade.bench.plots import write_plots as write_plots
 from dualblade.bench.presets import get_bench_preset as get_bench_preset
-from dualblade.bench.soak import run_soak as run_soak
-from dualblade.bench.soak_options import SoakOptions as SoakOptions
-from dualblade.bench.sweep import Sweep as Sweep
-from dualblade.bench.sweep import SweepPlan as SweepPlan
-from dualblade.bench.sweep import check_plan as check_plan
-from dualblade.bench.sweep_report import aggregate as aggregate
-from dualblade.bench.sweep_report import evaluate_claims as evaluate_claims
-from dualblade.bench.sweep_report import markdown_table as markdown_table
 from dualblade.bench.pressure import pressure_plan as pressure_plan
 from dualblade.bench.pressure import run_pressure as run_pressure
 from dualblade.bench.serving import ServingPlan as ServingPlan
@@ -26,3 +18,11 @@ from dualblade.bench.serving_command import SERVICE_PRESETS as SERVICE_PRESETS
 from dualblade.bench.serving_command import run_service_preset as run_service_preset
 from dualblade.bench.serving_requests import RequestSpec as RequestSpec
 from dualblade.bench.serving_requests import draw_requests as draw_requests
+from dualblade.bench.soak import run_soak as run_soak
+from dualblade.bench.soak_options import SoakOptions as SoakOptions
+from dualblade.bench.sweep import Sweep as Sweep
+from dualblade.bench.sweep import SweepPlan as SweepPlan
+from dualblade.bench.sweep import check_plan as check_plan
+from dualblade.bench.sweep_report import aggregate as aggregate
+from dualblade.bench.sweep_report import evaluate_claims as evaluate_claims
+from dualblade.bench.sweep_report import markdown_table as markdown_table
