@@ -151,3 +151,16 @@ def test_a_tiny_run_serves_every_request_and_samples_residency(tmp_path: Path) -
     assert summary["tokens_per_s"] > 0
     assert summary["residency"]["samples"] > 0
     assert "| dual |" in serving_table([summary])
+
+
+def test_the_bench_command_hands_the_service_presets_over(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dualblade.cli import main
+
+    assert main(["bench", "--preset", "pressure", "--memory-limits", "1GiB,2GiB"]) == 2
+    assert "runs at one limit" in capsys.readouterr().err
+    assert main(["bench", "--preset", "serving", "--policies", "dual,fast"]) == 2
+    assert "unknown policies" in capsys.readouterr().err
+    assert main(["bench", "configs/default.toml", "--preset", "serving"]) == 2
+    assert "takes no config file" in capsys.readouterr().err
