@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from dualblade.bench.serving import run_order
 from dualblade.bench.serving_report import (
@@ -164,3 +165,22 @@ def test_the_bench_command_hands_the_service_presets_over(
     assert "unknown policies" in capsys.readouterr().err
     assert main(["bench", "configs/default.toml", "--preset", "serving"]) == 2
     assert "takes no config file" in capsys.readouterr().err
+
+
+def test_a_wrong_byte_in_a_read_fails_the_check() -> None:
+    from dualblade.bench.kv_workload import VerificationError
+    from dualblade.bench.serving_workload import ServingKV
+
+    request = draw_requests(1, seed=3, **KNOBS)[0]
+    data = ServingKV(60, 4, 64, "float16", seed=0)
+    rows = [data.prompt_rows("K", request, 2)]
+    rows += [data.appended_row("K", request, 2, step) for step in range(2)]
+    read = torch.cat(rows)
+    assert data.check("K", request, 2, read) > 0
+    for row in (0, request.prompt_len + 1):  # a sampled prompt row, the newest appended row
+        bad = read.clone()
+        bad[row, 0, 0] += 1
+        with pytest.raises(VerificationError):
+            data.check("K", request, 2, bad)
+    with pytest.raises(VerificationError):  # another request's rows
+        data.check("K", draw_requests(2, seed=3, **KNOBS)[1], 2, read)
