@@ -9,8 +9,9 @@ Run it (``pip install -e '.[hf]'`` or any transformers 5)::
 An OPT model of the preset's shape with random fp16 weights (no hub is reachable) runs
 ``model.generate(..., past_key_values=DualBladeCache(...))``; each step's time is taken when the
 logits processors run (once per new token). With ``--compare`` the same shape, policy and limit
-run through ``dualblade generate``'s engine in the same process, alternating, ``--repeats``
-times; it prints prefill and decode seconds of both (medians) and the ratio of decodes.
+run through ``dualblade generate``'s engine on the cache's own store config, in the same process,
+alternating, ``--repeats`` times; it prints prefill and decode seconds of both (medians) and
+the ratio of decodes.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ import anyio
 import torch
 import transformers
 
-from dualblade.commands import load_run_config
-from dualblade.models import OptArchitecture, build_model, open_kv, random_prompts, store_config
-from dualblade.models.hf_cache import DualBladeCache
-from dualblade.pipeline import parse_size
+from dualblade.models import (
+    DualBladeCache,
+    OptArchitecture,
+    build_model,
+    open_kv,
+    random_prompts,
+)
+from dualblade.pipeline import PipelineConfig, parse_size
 
 
 class _StepClock(transformers.LogitsProcessor):
@@ -98,17 +103,12 @@ def run_hf(model: Any, prompts: torch.Tensor, args: argparse.Namespace) -> dict[
     }
 
 
-async def run_engine(prompts: torch.Tensor, args: argparse.Namespace) -> dict[str, Any]:
-    """The same shape through ``dualblade generate``'s OPT engine."""
+async def run_engine(
+    prompts: torch.Tensor, config: PipelineConfig, args: argparse.Namespace
+) -> dict[str, Any]:
+    """The same shape through ``dualblade generate``'s OPT engine, on the very store config the
+    cache opens (the embedded default's knob X would put fewer layers on the page cache)."""
     model = build_model(preset=args.preset, device=args.device, dtype=torch.float16)
-    config = store_config(
-        load_run_config(None, None),
-        model.arch,
-        batch=args.batch,
-        prompt_len=args.prompt_len,
-        gen_len=args.gen_len,
-        policy=args.policy,
-    )
     async with open_kv(
         config, args.policy, device=args.device, memory_limit=args.memory_limit
     ) as kv:
@@ -133,10 +133,16 @@ def main() -> None:
     prompts = random_prompts(args.batch, args.prompt_len, arch.vocab_size, seed=0)
     model = _hf_model(arch, args.device)
     runs: dict[str, list[dict[str, Any]]] = {"hf": [], "engine": []}
+    config = DualBladeCache(
+        model.config,
+        max_cache_len=args.prompt_len + args.gen_len,
+        batch_size=args.batch,
+        policy=args.policy,
+    ).config_for(args.batch, torch.float16)
     for _ in range(args.repeats):
         runs["hf"].append(run_hf(model, prompts, args))
         if args.compare:
-            runs["engine"].append(anyio.run(run_engine, prompts, args))
+            runs["engine"].append(anyio.run(run_engine, prompts, config, args))
     summary: dict[str, Any] = {"runs": runs}
     for name, records in runs.items():
         if records:

@@ -6,8 +6,10 @@
 - :mod:`.opt`: the layer-by-layer engine with prefetch of the next layer's KV;
 - :mod:`.factory`: from a preset, a policy and a workload to a model, a config and a provider;
 - :mod:`.hf_cache`: ``DualBladeCache`` for transformers (imported from there: it needs the
-  ``hf`` extra).
+  ``hf`` extra): ``from dualblade.models import DualBladeCache`` loads it on first use.
 """
+
+from typing import TYPE_CHECKING, Any
 
 from dualblade.models.architecture import OptArchitecture as OptArchitecture
 from dualblade.models.checkpoint import load_checkpoint as load_checkpoint
@@ -25,3 +27,18 @@ from dualblade.models.opt import Generation as Generation
 from dualblade.models.opt import OptModel as OptModel
 from dualblade.models.weights import OptWeights as OptWeights
 from dualblade.models.weights import random_weights as random_weights
+
+if TYPE_CHECKING:
+    from dualblade.models.hf_cache import DualBladeCache as DualBladeCache
+    from dualblade.models.hf_cache import DualBladeCacheError as DualBladeCacheError
+
+#: Loaded on first use: they need transformers (the ``hf`` extra); the rest of models does not.
+_HF_NAMES = {"DualBladeCache", "DualBladeCacheError"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HF_NAMES:
+        from dualblade.models import hf_cache
+
+        return getattr(hf_cache, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
