@@ -57,7 +57,13 @@ class AlignedBuffer:
         self.huge = huge and _thp_available() and self.size >= HUGE_PAGE_SIZE
         alignment = HUGE_PAGE_SIZE if self.huge else PAGE_SIZE
         try:
-            self._map = mmap.mmap(-1, self.size + alignment - PAGE_SIZE)
+            # Private: anonymous memory of this process, as a memory limit counts it (a
+            # shared mapping is shmem, which cgroups report as page cache as well).
+            self._map = mmap.mmap(
+                -1,
+                self.size + alignment - PAGE_SIZE,
+                flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
+            )
         except (OSError, OverflowError) as error:
             reason = error.strerror if isinstance(error, OSError) else "too large"
             raise IOEngineError(

@@ -168,7 +168,7 @@ def read_cgroup_v2(directory: Path, mount_point: Path, path: str = "") -> Cgroup
         node = node.parent
     usage = _parse_int(_read_text(directory / "memory.current"), directory / "memory.current")
     stat = _read_key_values(directory / "memory.stat")
-    file_bytes = _unmapped_file(stat, "active_file", "inactive_file", "file_mapped")
+    file_bytes = _unmapped_file(stat, "active_file", "inactive_file", "file_mapped", "shmem")
     return CgroupMemory(2, path or str(directory), limit, usage, file_bytes)
 
 
@@ -193,18 +193,30 @@ def read_cgroup_v1(directory: Path, path: str = "") -> CgroupMemory:
     usage = _parse_int(_read_text(usage_file), usage_file)
     prefix = "total_" if "total_active_file" in stat else ""
     file_bytes = _unmapped_file(
-        stat, f"{prefix}active_file", f"{prefix}inactive_file", f"{prefix}mapped_file"
+        stat,
+        f"{prefix}active_file",
+        f"{prefix}inactive_file",
+        f"{prefix}mapped_file",
+        f"{prefix}shmem",
     )
     return CgroupMemory(1, path or str(directory), min(known) if known else None, usage, file_bytes)
 
 
-def _unmapped_file(stat: dict[str, int], active: str, inactive: str, mapped: str) -> int:
+def _unmapped_file(
+    stat: dict[str, int], active: str, inactive: str, mapped: str, shmem: str
+) -> int:
     """Page-cache bytes the budget may count as reclaimable: the file LRU pages minus those mapped
     into processes. Mapped file pages are the code and libraries the processes run (torch's
     shared objects alone are hundreds of MiB); reclaiming them would thrash the processes, and
     the kernel protects them, so budgeting them as room for KV pages would make the budgeted KV
-    pages the ones evicted."""
-    return max(0, stat.get(active, 0) + stat.get(inactive, 0) - stat.get(mapped, 0))
+    pages the ones evicted.
+
+    The mapped count also holds mapped shared memory, which is not on the file LRU at all:
+    subtracting it too once counted a process's shared buffers twice against the budget (the
+    store's own I/O buffers were shared mappings), and the budget swung as the cache came and
+    went. So only mapped pages beyond the shared memory are taken off."""
+    mapped_file = max(0, stat.get(mapped, 0) - stat.get(shmem, 0))
+    return max(0, stat.get(active, 0) + stat.get(inactive, 0) - mapped_file)
 
 
 def _cgroup_mounts(root: Path) -> dict[str, tuple[str, str]]:

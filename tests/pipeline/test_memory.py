@@ -35,9 +35,10 @@ def test_recorded_v2_service():
     assert cgroup is not None
     assert cgroup.limit_bytes == 6 << 30
     assert cgroup.usage_bytes == 1 << 30
-    # file LRU pages minus the 10 MiB mapped into processes (their code: not budgetable)
-    assert cgroup.file_bytes == 216006656 + 429916160 - 10485760
-    assert cgroup.non_file_bytes == (1 << 30) - 645922816 + 10485760
+    # file LRU pages minus the file pages mapped into processes (their code: not budgetable):
+    # 10 MiB mapped, of which 8 MiB is shared memory, which is not on the file LRU
+    assert cgroup.file_bytes == 216006656 + 429916160 - (10485760 - 8388608)
+    assert cgroup.non_file_bytes == (1 << 30) - 645922816 + (10485760 - 8388608)
     assert snapshot.host.total_bytes == 16318504 * 1024
     assert snapshot.host.available_bytes == 12871244 * 1024
     assert snapshot.host.file_bytes == (2818048 + 4194304) * 1024
@@ -48,7 +49,7 @@ def test_recorded_v2_container_high_is_tighter():
     assert snapshot.cgroup is not None
     assert snapshot.cgroup.path == "/"
     assert snapshot.cgroup.limit_bytes == 3 << 30  # memory.high 3 GiB under memory.max 4 GiB
-    assert snapshot.cgroup.file_bytes == 805306368 + 536870912 - 10485760
+    assert snapshot.cgroup.file_bytes == 805306368 + 536870912 - (10485760 - 8388608)
 
 
 def test_recorded_v1_hybrid_prefers_the_v1_memory_controller():
@@ -243,3 +244,18 @@ def test_v1_counts_the_whole_subtree(tmp_path):
     )
     cgroup = read_cgroup_v1(group, "/g")
     assert (cgroup.limit_bytes, cgroup.file_bytes, cgroup.non_file_bytes) == (512 << 20, 300, 200)
+
+
+def test_mapped_shared_memory_is_not_taken_off_the_file_lru(tmp_path):
+    """A process's shared buffers are mapped shmem: in ``mapped_file`` but not on the file LRU.
+    Only mapped pages beyond the shared memory come off what the budget may count as cache."""
+    from dualblade.pipeline.memory import read_cgroup_v1
+
+    mib = 1 << 20
+    (tmp_path / "memory.limit_in_bytes").write_text(str(1 << 30))
+    (tmp_path / "memory.usage_in_bytes").write_text(str(700 * mib))
+    stat = {"active_file": 300 * mib, "inactive_file": 100 * mib, "mapped_file": 260 * mib}
+    stat["shmem"] = 256 * mib  # the store's I/O buffers, were they shared mappings
+    (tmp_path / "memory.stat").write_text("".join(f"{k} {v}\n" for k, v in stat.items()))
+    cgroup = read_cgroup_v1(tmp_path)
+    assert cgroup.file_bytes == 400 * mib - 4 * mib
