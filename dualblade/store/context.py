@@ -344,7 +344,7 @@ class KVContext:
             )
         return k, v
 
-    async def move_layer(self, layer: int, medium: Medium) -> bool:
+    async def move_layer(self, layer: int, medium: Medium, *, urgent: bool = False) -> bool:
         """Move a layer to ``medium`` between its uses (the store's re-planner calls this).
 
         The layer's rows are read from where they are, written to the new medium, and only
@@ -360,10 +360,10 @@ class KVContext:
             old = self._media[layer]
             if self._closed or old is medium:
                 return False
-            await layer_move(self._mover(layer), old, medium)
+            await layer_move(self._mover(layer, urgent), old, medium)
             return True
 
-    def _mover(self, layer: int) -> LayerMover:
+    def _mover(self, layer: int, urgent: bool) -> LayerMover:
         rows = 0 if layer in self._lost else self._lengths[layer]
 
         async def copy(old: Medium, new: Medium) -> None:
@@ -372,10 +372,13 @@ class KVContext:
             device = self._runtime.device
             k, v = (torch.empty(shape, dtype=self.dtype, device=device) for _ in "KV")
             await self._both(
-                lambda t: self._load_message(layer, t, span, k if t == "K" else v, None)
+                lambda t: self._load_message(layer, t, span, k if t == "K" else v, None),
+                urgent=urgent,
             )
             self._media[layer] = new
-            await self._both(lambda t: self._store_message(layer, t, span, k if t == "K" else v))
+            await self._both(
+                lambda t: self._store_message(layer, t, span, k if t == "K" else v), urgent=urgent
+            )
 
         def switch(medium: Medium) -> None:
             self._media[layer] = medium

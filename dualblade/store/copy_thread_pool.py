@@ -15,9 +15,10 @@ class CopyThreadPool:
     while every thread holds two.
 
     Urgent transfers (a decode step's reads and appends: a token waits on them) go first:
-    while one waits, no other transfer (a prefill's writes, a layer move) gets a thread. So
-    another context's prefill holds a decode step up by the transfers the threads had already
-    accepted, not by its whole prompt.
+    while one waits, no other transfer (a prefill's writes, a layer move) gets a thread. But not
+    for ever: once urgent transfers have gone past a waiting other one as many times as there are
+    threads, the other goes next. So a prefill holds a decode step up by at most one transfer
+    per thread, and a stream of decode steps cannot starve a new request's prefill.
     """
 
     PER_THREAD = 2
@@ -27,6 +28,8 @@ class CopyThreadPool:
         self._busy = [0] * len(threads)
         self._changed = anyio.Event()
         self._urgent_waiting = 0
+        self._other_waiting = 0
+        self._bypassed = 0  # urgent leases given while another transfer waited
         #: leases given to urgent and to other transfers (for tests and stats)
         self.urgent_leases = 0
         self.other_leases = 0
@@ -36,31 +39,44 @@ class CopyThreadPool:
 
         All or nothing: a caller that holds some and waits for more could wait forever on
         callers that do the same (K's transfer leased, V's waiting, on every thread).
-        ``urgent``: served before every waiting transfer that is not.
+        ``urgent``: served before waiting transfers that are not, up to the bound above.
         """
         assert 0 < count <= self.PER_THREAD * len(self.threads)
         if urgent:
             self._urgent_waiting += 1
+        else:
+            self._other_waiting += 1
         try:
-            while self.PER_THREAD * len(self.threads) - sum(self._busy) < count or (
-                not urgent and self._urgent_waiting
-            ):
+            while not self._may_go(count, urgent):
                 await self._changed.wait()
         finally:
             if urgent:
                 self._urgent_waiting -= 1
-                if not self._urgent_waiting:
-                    self._notify()  # the others may go now
+            else:
+                self._other_waiting -= 1
+            if self._urgent_waiting or self._other_waiting:
+                self._notify()  # whoever was held back for this one may go now
         if urgent:
             self.urgent_leases += 1
+            if self._other_waiting:
+                self._bypassed += 1
         else:
             self.other_leases += 1
+            self._bypassed = 0
         chosen = []
         for _ in range(count):
             index = min(range(len(self.threads)), key=self._busy.__getitem__)
             self._busy[index] += 1
             chosen.append(index)
         return chosen
+
+    def _may_go(self, count: int, urgent: bool) -> bool:
+        if self.PER_THREAD * len(self.threads) - sum(self._busy) < count:
+            return False
+        others_due = self._other_waiting > 0 and self._bypassed >= len(self.threads)
+        if urgent:
+            return not others_due
+        return not self._urgent_waiting or others_due
 
     def release(self, index: int) -> None:
         """The transfer on thread ``index`` has settled."""

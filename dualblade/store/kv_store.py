@@ -139,7 +139,7 @@ class KVStore:
             finally:
                 # Its files are unlinked: its pages are gone, its share goes to the others.
                 self.ledger.unregister(context)
-                self.replanner.wake()
+                self.replanner.wake(settle=True)
 
     def _plan_context(
         self, context: int, batch: int | None, max_len: int | None, dtype: str | None
@@ -167,7 +167,7 @@ class KVStore:
         except BaseException:
             self.ledger.unregister(context)
             raise
-        self.replanner.wake()
+        self.replanner.wake(settle=True)
         return plan
 
     async def _traffic_changed(self) -> None:

@@ -12,8 +12,12 @@ context opens or closes and when the budget changes (the budgeter's readings, or
    its lowest other layer; the ledger is charged before a byte goes to the page cache.
 
 Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
-reader waits for at most one layer's move. A move that fails leaves the layer where it was;
-the context is skipped until the next wake-up, and the failure is logged and counted.
+reader waits for at most one layer's move. They yield the copy threads to decode steps, except
+demotions while the ledger is over the budget: the kernel would evict the pages otherwise.
+Arrivals and departures are gathered for :data:`SETTLE_S` before anything moves, so a request
+that comes and goes within it moves nobody's layers (budget changes are acted on at once).
+A move that fails leaves the layer where it was; the context is skipped until the next
+wake-up, and the failure is logged and counted.
 """
 
 from __future__ import annotations
@@ -43,6 +47,10 @@ BUDGETED_MEDIA: dict[str, tuple[Medium, Medium]] = {
 }
 
 
+#: Seconds the re-planner waits after a context opens or closes before it moves layers.
+SETTLE_S = 0.25
+
+
 class Replanner:
     """The store's re-planning task (see the module docstring)."""
 
@@ -53,11 +61,14 @@ class Replanner:
         self._idle = anyio.Event()
         self._idle.set()
         self.enabled = True
+        self._settle = 0.0
 
-    def wake(self) -> None:
-        """Something changed: re-plan soon (never blocks)."""
+    def wake(self, *, settle: bool = False) -> None:
+        """Something changed: re-plan soon (never blocks). ``settle``: a context opened or
+        closed; wait :data:`SETTLE_S` for more before moving anything."""
         if self.enabled:
             self._idle = anyio.Event() if self._idle.is_set() else self._idle
+            self._settle = SETTLE_S if settle else 0.0
             self._wakeup.set()
 
     async def settled(self) -> None:
@@ -69,6 +80,8 @@ class Replanner:
         task_status.started()
         while True:
             await self._wakeup.wait()
+            if self._settle:
+                await anyio.sleep(self._settle)
             self._wakeup = anyio.Event()
             skipped: set[int] = set()
             await self._demote(skipped)
@@ -89,7 +102,8 @@ class Replanner:
                 if len(charged) <= targets.get(context, 0):
                     break
                 layer = max(charged)
-                if await self._move(ctx, layer, outside, skipped):
+                urgent = self.ledger.over_budget_bytes > 0
+                if await self._move(ctx, layer, outside, skipped, urgent=urgent):
                     self.ledger.credit(context, layer)
                     self.ledger.demotions += 1
 
@@ -119,9 +133,17 @@ class Replanner:
             else:
                 self.ledger.credit(context, layer)
 
-    async def _move(self, ctx: KVContext, layer: int, medium: Medium, skipped: set[int]) -> bool:
+    async def _move(
+        self,
+        ctx: KVContext,
+        layer: int,
+        medium: Medium,
+        skipped: set[int],
+        *,
+        urgent: bool = False,
+    ) -> bool:
         try:
-            moved = await ctx.move_layer(layer, medium)
+            moved = await ctx.move_layer(layer, medium, urgent=urgent)
         except DualbladeError as error:
             self.ledger.failed_moves += 1
             skipped.add(ctx.id)

@@ -47,6 +47,11 @@ class LedgerSnapshot:
     failed_moves: int
     policy: str
 
+    @property
+    def over_budget_bytes(self) -> int:
+        """Placed bytes beyond the budget (after a cut, until the demotions are done)."""
+        return max(0, self.placed_bytes - self.budget_bytes)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "budget_bytes": self.budget_bytes,

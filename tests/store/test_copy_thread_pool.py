@@ -42,3 +42,28 @@ async def test_others_proceed_when_no_urgent_transfer_waits() -> None:
         pool.release(index)
     with anyio.fail_after(1):
         assert len(await pool.acquire(2)) == 2
+
+
+async def test_decode_steps_cannot_starve_a_waiting_prefill() -> None:
+    """After one urgent lease per thread has gone past it, the waiting prefill goes next."""
+    pool = CopyThreadPool([object()])  # type: ignore[list-item]
+    held = [index for _ in range(2) for index in await pool.acquire(1)]
+    order: list[str] = []
+
+    async def lease(name: str, urgent: bool) -> None:
+        (index,) = await pool.acquire(1, urgent=urgent)
+        order.append(name)
+        await anyio.sleep(0.01)
+        pool.release(index)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lease, "prefill", False)
+        await anyio.sleep(0.01)
+        for n in range(3):
+            tg.start_soon(lease, f"decode-{n}", True)
+        await anyio.sleep(0.01)
+        pool.release(held.pop())  # one slot frees: a decode goes past the prefill
+        await anyio.sleep(0.005)
+        pool.release(held.pop())  # the next slot: the prefill's turn
+    assert order[:2] == ["decode-0", "prefill"]
+    assert sorted(order) == ["decode-0", "decode-1", "decode-2", "prefill"]

@@ -137,16 +137,16 @@ async def test_contexts_that_come_and_go_keep_the_budget_and_their_bytes(
                 await requests.prefill(ctx, n)
                 for step in range(steps):
                     await requests.decode_step(ctx, 1000 + 10 * n + step)
-                    await anyio.sleep(0.005)
+                    await anyio.sleep(0.2)  # longer than the re-planner settles
                 for layer in range(LAYERS):
                     await requests.check(ctx, layer)
                 live.remove(ctx)
 
         async with _watch_ledger(store, live, budget), anyio.create_task_group() as tg:
             tg.start_soon(request, 0, 0.0, 4)  # alone at first: it takes every layer
-            tg.start_soon(request, 1, 0.03, 3)
-            tg.start_soon(request, 2, 0.06, 2)
-            tg.start_soon(request, 3, 0.12, 3)
+            tg.start_soon(request, 1, 0.25, 4)
+            tg.start_soon(request, 2, 0.5, 4)
+            tg.start_soon(request, 3, 0.75, 4)
         stats = store.stats()
         assert stats.ledger.demotions > 0
         assert stats.ledger.promotions > 0
