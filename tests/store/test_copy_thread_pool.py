@@ -65,5 +65,6 @@ async def test_decode_steps_cannot_starve_a_waiting_prefill() -> None:
         pool.release(held.pop())  # one slot frees: a decode goes past the prefill
         await anyio.sleep(0.005)
         pool.release(held.pop())  # the next slot: the prefill's turn
-    assert order[:2] == ["decode-0", "prefill"]
+    assert order[0].startswith("decode")  # which decode the scheduler wakes first is its own
+    assert order[1] == "prefill"
     assert sorted(order) == ["decode-0", "decode-1", "decode-2", "prefill"]
