@@ -38,6 +38,7 @@ from dualblade.actors.spans import DirectSpan as DirectSpan
 from dualblade.actors.spans import MmapSpan as MmapSpan
 from dualblade.actors.spans import PageCacheSpan as PageCacheSpan
 from dualblade.actors.spans import PathCounters as PathCounters
+from dualblade.actors.spans import check_write_back as check_write_back
 from dualblade.actors.spans import count_residency as count_residency
 from dualblade.actors.spans import host_view as host_view
 from dualblade.actors.strategy_probe import BudgetChanged as BudgetChanged

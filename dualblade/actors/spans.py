@@ -169,6 +169,8 @@ class PageCacheSpan(_Placement):
     counters: PathCounters
     evict: bool = False
     path: str = "page-cache"
+    #: bytes of the span not resident when a read was looked up (see count_residency)
+    missing: int = 0
 
     def _read_done(self) -> None:
         self.counters.add(self.path, read=self.nbytes)
@@ -225,6 +227,7 @@ class MmapSpan(_Placement):
     label: str
     counters: PathCounters
     path: str = "baseline"
+    missing: int = 0
 
     def _copy(self, to_memory: bool, memory: memoryview) -> None:
         """Copy the span between the mapping and ``memory`` (exactly its bytes).
@@ -284,3 +287,16 @@ def count_residency(span: DirectSpan | PageCacheSpan | MmapSpan) -> None:
         return
     hit = span.file.resident_bytes(span.file_offset, span.nbytes)
     span.counters.add_lookup(span.nbytes, hit)
+    span.missing = span.nbytes - hit
+
+
+async def check_write_back(span: DirectSpan | PageCacheSpan | MmapSpan) -> None:
+    """Before a page-cache read that goes to storage, ask whether a write-back of the file
+    failed: the kernel then marks the pages clean, and once they are evicted a read returns the
+    old bytes from disk. A fully resident read cannot see stale bytes, so it is not asked.
+
+    Raises:
+        IOFailedError: op ``write-back``, the write-back error the file met.
+    """
+    if not isinstance(span, DirectSpan) and span.missing:
+        await anyio.to_thread.run_sync(span.file.check_write_back)

@@ -29,7 +29,8 @@ class IOFailedError(IOEngineError):
 
     Attributes:
         target: the target's display name (usually its path).
-        op: ``"read"``, ``"write"``, ``"trim"`` or ``"allocate"`` (a page-cache file made).
+        op: ``"read"``, ``"write"``, ``"trim"``, ``"allocate"`` (a page-cache file made) or
+            ``"write-back"`` (the kernel could not write a page-cache file's dirty pages).
         offset: byte offset of the failed chunk on the target.
         length: byte length of the failed chunk.
         errno: the kernel's errno, or ``None`` for an NVMe status or an unexpected end of target.

@@ -29,9 +29,10 @@ from dualblade.actors import (
     RowView,
     Store,
     TransferStats,
+    check_write_back,
     count_residency,
 )
-from dualblade.io_engine import IOEngine, PageCacheFile, Target
+from dualblade.io_engine import IOEngine, IOFailedError, PageCacheFile, Target
 from dualblade.logs import get_logger
 from dualblade.pipeline import (
     ByteCount,
@@ -203,6 +204,12 @@ class KVContext:
     ) -> Load:
         span, view = await self._placed(layer, tensor, rows)
         count_residency(span)
+        try:
+            await check_write_back(span)
+        except IOFailedError:
+            # The file's bytes on disk are older than what was written: never serve them.
+            self._lost.add(layer)
+            raise
         return Load(span, view, destination, Reply(), landing)
 
     async def _both(
@@ -290,12 +297,9 @@ class KVContext:
         return t + 1
 
     def read_buffers(self) -> ReadBuffers:
-        """Buffers for :meth:`read`'s ``out``, holding this context's longest layer.
-
-        On the host they are aligned memory that direct reads land in without a copy; on a GPU
-        plain device tensors. A caller that keeps ``store.read_parallelism`` reads in flight
-        needs as many.
-        """
+        """Buffers for :meth:`read`'s ``out``, holding this context's longest layer: on the
+        host aligned memory that direct reads land in without a copy, on a GPU device tensors.
+        A caller that keeps ``store.read_parallelism`` reads in flight needs as many."""
         return ReadBuffers(self.max_len, self.batch, self.width, self.dtype, self._runtime.device)
 
     async def read(
@@ -345,13 +349,10 @@ class KVContext:
         return k, v
 
     async def move_layer(self, layer: int, medium: Medium, *, urgent: bool = False) -> bool:
-        """Move a layer to ``medium`` between its uses (the store's re-planner calls this).
-
-        The layer's rows are read from where they are, written to the new medium, and only
-        then is the old storage given back (its pages dropped, its blocks trimmed); a failed
-        move leaves the layer where it was. Transfers of this layer wait for the move (at most
-        one layer's read and write); other layers' go on. Returns False when there was nothing
-        to move (already there, or the context closed).
+        """Move a layer to ``medium`` between its uses (the store's re-planner calls this): its
+        rows are read, written to the new medium, and only then is the old storage given back;
+        a failed move leaves the layer where it was (:mod:`.layer_moves`). Transfers of this
+        layer wait for the move, other layers' go on. False: nothing to move, or closed.
 
         Raises:
             IOFailedError, TargetError: the move's read or write failed (the layer stays).

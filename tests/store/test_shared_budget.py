@@ -414,3 +414,41 @@ async def test_a_write_cancelled_while_a_move_holds_its_layer_loses_the_layer(
         with pytest.raises(LayerLostError):
             await ctx.read(0)
         await requests.check(ctx, 1)
+
+
+async def test_a_failed_write_back_is_raised_before_stale_bytes_are_read(
+    make_config: MakeConfig,
+) -> None:
+    """Write-back failed and the pages are gone: the read that would go to disk raises the
+    write-back error, and the layer is refused from then on (issue 18)."""
+    from dualblade.io_engine import IOFailedError
+    from dualblade.store import LayerLostError
+    from dualblade.testing import FaultyPageCacheFile
+
+    policy = FaultPolicy(1.0, kinds=(FaultKind.EIO,), ops=("write-back",))
+    policy.enabled = False
+    log = FaultLog()
+    config = _config(make_config, "page-cache")
+    requests = Requests(config)
+
+    def files(path: Path, size: int) -> FaultyPageCacheFile:
+        return FaultyPageCacheFile(path, size, policy, log)
+
+    async with (
+        open_store(config, device="cpu", page_cache_file=files) as store,
+        store.context() as ctx,
+    ):
+        await requests.prefill(ctx, 5)
+        await requests.check(ctx, 0)  # resident: served from memory
+        for file in ctx.page_cache_files():
+            if file.name.endswith("L0.K"):
+                file.flush()
+                file.advise_dontneed()  # its pages are gone: a read goes to disk
+        policy.enabled = True  # and the kernel has a write-back error to report
+        with pytest.raises(IOFailedError) as error:
+            await ctx.read(0)
+        assert error.value.op == "write-back"
+        policy.enabled = False
+        with pytest.raises(LayerLostError):
+            await ctx.read(0)
+        await requests.check(ctx, 1)  # the other layers are served
