@@ -8,6 +8,8 @@ waits until the budgeter's reading has moved layers, checks every byte and repor
 
 from __future__ import annotations
 
+import gc
+import hashlib
 import json
 import os
 import sys
@@ -36,20 +38,26 @@ def _report(path: Path, store: KVStore, ctx: KVContext, **extra: object) -> None
 
 
 def _layer(ctx: KVContext, rows: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A layer's K and V, made again from its seed when checked (kept, they would be anonymous
-    memory the limit must also hold)."""
     g = torch.Generator().manual_seed(layer)
     shape = (rows, ctx.batch, ctx.width)
     k, v = (torch.randn(shape, generator=g).to(ctx.dtype) for _ in "KV")
     return k, v
 
 
-async def _exact(ctx: KVContext, rows: int) -> bool:
+def _digest(k: torch.Tensor, v: torch.Tensor) -> str:
+    """What a layer held, kept as a digest: kept as tensors, the layers would be anonymous
+    memory that the lowered limit must also hold (and the child could be OOM-killed)."""
+    digest = hashlib.sha256()
+    for tensor in (k, v):
+        digest.update(tensor.contiguous().view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+async def _exact(ctx: KVContext, digests: list[str]) -> bool:
+    """Every layer read back, one at a time (a layer's K and V are all this holds at once)."""
     exact = True
-    for layer in range(ctx.num_layers):
-        k, v = _layer(ctx, rows, layer)
-        got_k, got_v = await ctx.read(layer)
-        exact &= torch.equal(got_k, k) and torch.equal(got_v, v)
+    for layer, want in enumerate(digests):
+        exact &= _digest(*await ctx.read(layer)) == want
     return exact
 
 
@@ -59,8 +67,13 @@ async def main(config_path: Path, procs: Path, report: Path, go: Path) -> None:
     async with open_store(config, device="cpu") as store, store.context() as ctx:
         await store.replanned()
         rows = config.workload.prompt_len
+        digests = []
         for layer in range(ctx.num_layers):
-            await ctx.write(layer, *_layer(ctx, rows, layer))
+            k, v = _layer(ctx, rows, layer)
+            await ctx.write(layer, k, v)
+            digests.append(_digest(k, v))
+            del k, v
+        gc.collect()
         os.sync()  # the files' pages are clean: the lowered limit can reclaim them
         _report(report, store, ctx)
         deadline = time.monotonic() + 60
@@ -72,7 +85,7 @@ async def main(config_path: Path, procs: Path, report: Path, go: Path) -> None:
             await anyio.sleep(0.1)
             assert time.monotonic() < deadline, "no demotion after the limit was lowered"
         await store.replanned()
-        _report(report, store, ctx, exact=await _exact(ctx, rows))
+        _report(report, store, ctx, exact=await _exact(ctx, digests))
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from dualblade.bench.cgroups import can_create_memory_cgroups, create_memory_cgr
 from .conftest import MakeConfig
 
 CHILD = Path(__file__).with_name("_replan_child.py")
-LAYER = 8 << 20  # rows of 4 KiB, batch 4: 1024 rows make a 4 MiB KPU, an 8 MiB layer
+LAYER = 32 << 20  # rows of 4 KiB, batch 4: 4096 rows make a 16 MiB KPU, a 32 MiB layer
 
 
 def test_a_lowered_cgroup_limit_demotes_live_layers(
@@ -26,7 +26,7 @@ def test_a_lowered_cgroup_limit_demotes_live_layers(
     config = make_config(
         "dual",
         "aligned",
-        prompt_len=1020,
+        prompt_len=4092,
         max_new_tokens=4,
         memory={"safety_margin": "16MiB", "safety_fraction": 0.0},
     )
