@@ -70,6 +70,18 @@ class MemoryCgroup:
         except (OSError, ValueError, IndexError):
             return None
 
+    def oom_kills(self) -> int:
+        """The kernel's OOM kills in the group (``memory.events`` / ``memory.oom_control``)."""
+        name = "memory.events" if self.version == "v2" else "memory.oom_control"
+        try:
+            for line in (self.path / name).read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            pass
+        return 0
+
     def remove(self, timeout: float = 5.0) -> None:
         """Delete the group once its processes are gone (rmdir; retried while it empties)."""
         deadline = time.monotonic() + timeout

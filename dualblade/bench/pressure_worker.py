@@ -13,21 +13,15 @@ and non-resident files), and prices the last step's bytes at those rates: the ne
 
 from __future__ import annotations
 
-import json
 import mmap
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from dualblade.bench.worker_process import run_worker
+
 _PAGE = 4096
-
-
-def _join_cgroup(spec: dict[str, Any]) -> None:
-    procs = spec.get("cgroup_procs")
-    if procs:
-        Path(procs).write_text(str(os.getpid()))
 
 
 def hog(nbytes: int) -> mmap.mmap:
@@ -198,20 +192,7 @@ def _check(data: Any, kind: str, layer: int, read: Any, step: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m dualblade.bench.pressure_worker SPEC.json``."""
-    args = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(args[0]).read_text())
-    _join_cgroup(spec)
-    import anyio
-
-    from dualblade.errors import DualbladeError
-
-    try:
-        report = anyio.run(run_spec, spec)
-    except DualbladeError as error:
-        Path(spec["out"]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
-        return 1
-    Path(spec["out"]).write_text(json.dumps(report))
-    return 0
+    return run_worker(run_spec, argv)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
+from dualblade.bench.cgroups import create_memory_cgroup
 from dualblade.bench.page_cache import drop_page_cache
 from dualblade.bench.serving_requests import RequestSpec, draw_requests
 from dualblade.errors import ConfigError
@@ -156,19 +156,6 @@ def run_order(policies: list[str], limits: list[int]) -> list[tuple[int, str]]:
     return order
 
 
-def oom_kills(group: MemoryCgroup) -> int:
-    """The kernel's OOM kills in ``group`` (``memory.events`` or ``memory.oom_control``)."""
-    name = "memory.events" if group.version == "v2" else "memory.oom_control"
-    try:
-        for line in (group.path / name).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
-
-
 def storage_for(work_dir: Path) -> dict[str, Any]:
     """The runs' storage: page-cache files and a direct file under ``work_dir``."""
     return {
@@ -210,7 +197,7 @@ def run_in_cgroup(
         except subprocess.TimeoutExpired as expired:
             returncode, stderr = -9, f"timed out after {expired.timeout} s"
         wall = time.perf_counter() - started
-        kills = oom_kills(group)
+        kills = group.oom_kills()
         peak = group.peak_bytes()
     finally:
         group.remove()

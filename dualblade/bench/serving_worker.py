@@ -11,19 +11,12 @@ samples, the ledger at the end and the store's path counters.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import sys
 import time
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-
-def _join_cgroup(spec: dict[str, Any]) -> None:
-    procs = spec.get("cgroup_procs")
-    if procs:
-        Path(procs).write_text(str(os.getpid()))
+from dualblade.bench.worker_process import run_worker
 
 
 class _Provider:
@@ -162,20 +155,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m dualblade.bench.serving_worker SPEC.json``."""
-    args = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(args[0]).read_text())
-    _join_cgroup(spec)
-    import anyio
-
-    from dualblade.errors import DualbladeError
-
-    try:
-        report = anyio.run(run_spec, spec)
-    except DualbladeError as error:
-        Path(spec["out"]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
-        return 1
-    Path(spec["out"]).write_text(json.dumps(report))
-    return 0
+    return run_worker(run_spec, argv)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.cgroups import MemoryCgroup, create_memory_cgroup
+from dualblade.bench.cgroups import create_memory_cgroup
 from dualblade.bench.page_cache import drop_page_cache
 from dualblade.errors import ConfigError
 
@@ -80,18 +80,6 @@ def run_order(policies: list[str], limits: list[int], repeats: int) -> list[tupl
             order.extend((repeat, limit, policy) for policy in rotated)
             turn += 1
     return order
-
-
-def _oom_kills(group: MemoryCgroup) -> int:
-    name = "memory.events" if group.version == "v2" else "memory.oom_control"
-    try:
-        for line in (group.path / name).read_text().splitlines():
-            key, _, value = line.partition(" ")
-            if key == "oom_kill":
-                return int(value)
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 class Sweep:
@@ -173,7 +161,7 @@ class Sweep:
                 check=False,
             )
             wall = time.perf_counter() - started
-            oom = _oom_kills(group)
+            oom = group.oom_kills()
             peak = group.peak_bytes()
         finally:
             group.remove()

@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
-import os
 import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
+from dualblade.bench.worker_process import run_worker
+
 THROUGHPUT_INTERVAL = 0.1
-
-
-def _join_cgroup(spec: dict[str, Any]) -> None:
-    procs = spec.get("cgroup_procs")
-    if procs:
-        Path(procs).write_text(str(os.getpid()))
 
 
 async def _sample_reads(store: Any, samples: list[tuple[float, int]]) -> None:
@@ -334,21 +327,7 @@ def _phase_bytes(marks: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: ``python -m dualblade.bench.sweep_worker SPEC.json``."""
-    args = sys.argv[1:] if argv is None else argv
-    spec = json.loads(Path(args[0]).read_text())
-    _join_cgroup(spec)
-    import anyio
-
-    from dualblade.errors import DualbladeError
-
-    try:
-        report = anyio.run(run_spec, spec)
-    except DualbladeError as error:
-        report = {"error": f"{type(error).__name__}: {error}"}
-        Path(spec["out"]).write_text(json.dumps(report))
-        return 1
-    Path(spec["out"]).write_text(json.dumps(report))
-    return 0
+    return run_worker(run_spec, argv)
 
 
 if __name__ == "__main__":
