@@ -131,38 +131,18 @@ def _step_record(before: Any, after: Any, at: float, seconds: float) -> dict[str
 async def _step(ctx: Any, data: Any, step: int, buffers: list[Any], device: Any) -> None:
     """One decode step in layer order, one read in flight per buffer pair, every read
     checked on a sample of rows, one row appended per layer."""
-    import anyio
+    from dualblade.bench.decode_walk import walk_layers
 
-    prefetch = len(buffers)
-    layers = ctx.num_layers
-    results: dict[int, Any] = {}
-    ready = [anyio.Event() for _ in range(layers)]
-    slots = anyio.Semaphore(prefetch)
+    async def use(layer: int, k: Any, v: Any) -> None:
+        _check(data, "K", layer, k, step)
+        _check(data, "V", layer, v, step)
+        await ctx.append(
+            layer,
+            data.appended_row("K", layer, step).to(device),
+            data.appended_row("V", layer, step).to(device),
+        )
 
-    async def fetch(layer: int) -> None:
-        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
-        ready[layer].set()
-
-    async with anyio.create_task_group() as tg:
-
-        async def reader() -> None:
-            for layer in range(layers):
-                await slots.acquire()
-                tg.start_soon(fetch, layer)
-
-        tg.start_soon(reader)
-        for layer in range(layers):
-            await ready[layer].wait()
-            k, v = results.pop(layer)
-            _check(data, "K", layer, k, step)
-            _check(data, "V", layer, v, step)
-            del k, v
-            await ctx.append(
-                layer,
-                data.appended_row("K", layer, step).to(device),
-                data.appended_row("V", layer, step).to(device),
-            )
-            slots.release()
+    await walk_layers(ctx, buffers, use)
 
 
 def _check(data: Any, kind: str, layer: int, read: Any, step: int) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 import anyio
 import torch
 
+from dualblade.bench.decode_walk import walk_layers
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.bench.serving_requests import RequestSpec
 from dualblade.errors import plain_errors
@@ -270,35 +271,17 @@ async def _decode_step(
     ctx: KVContext, data: ServingKV, spec: RequestSpec, step: int, buffers: list[ReadBuffers]
 ) -> int:
     """One step in layer order, one read in flight per buffer pair; returns bytes checked."""
-    prefetch = len(buffers)
-    layers = ctx.num_layers
-    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    ready = [anyio.Event() for _ in range(layers)]
-    slots = anyio.Semaphore(prefetch)
     checked = 0
     device = ctx.store.device
 
-    async def fetch(layer: int) -> None:
-        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
-        ready[layer].set()
+    async def use(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        nonlocal checked
+        checked += data.check("K", spec, layer, k) + data.check("V", spec, layer, v)
+        await ctx.append(
+            layer,
+            data.appended_row("K", spec, layer, step).to(device),
+            data.appended_row("V", spec, layer, step).to(device),
+        )
 
-    async with anyio.create_task_group() as tg:
-
-        async def reader() -> None:
-            for layer in range(layers):
-                await slots.acquire()
-                tg.start_soon(fetch, layer)
-
-        tg.start_soon(reader)
-        for layer in range(layers):
-            await ready[layer].wait()
-            k, v = results.pop(layer)
-            checked += data.check("K", spec, layer, k) + data.check("V", spec, layer, v)
-            del k, v
-            await ctx.append(
-                layer,
-                data.appended_row("K", spec, layer, step).to(device),
-                data.appended_row("V", spec, layer, step).to(device),
-            )
-            slots.release()
+    await walk_layers(ctx, buffers, use)
     return checked

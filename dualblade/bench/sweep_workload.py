@@ -24,6 +24,7 @@ from typing import Literal
 import anyio
 import torch
 
+from dualblade.bench.decode_walk import walk_layers
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
 from dualblade.pipeline import PipelineConfig
@@ -307,36 +308,16 @@ async def _decode_step(
 ) -> int:
     """One decode step in layer order with one read in flight per buffer pair.
 
-    Layer ``l`` reads into ``buffers[l % len(buffers)]``: the semaphore lets layer
-    ``l + len(buffers)`` start only after layer ``l`` was consumed (releases come in layer order).
+    Layer ``l`` reads into ``buffers[l % len(buffers)]`` (:func:`.decode_walk.walk_layers`).
     """
-    prefetch = len(buffers)
-    layers = len(new_rows)
-    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    ready = [anyio.Event() for _ in range(layers)]
-    slots = anyio.Semaphore(max(1, prefetch))
     checked = 0
 
-    async def fetch(layer: int) -> None:
-        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
-        ready[layer].set()
+    async def use(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        nonlocal checked
+        checked += data.check("K", layer, k, verify)
+        checked += data.check("V", layer, v, verify)
+        k_row, v_row = new_rows[layer]
+        await ctx.append(layer, k_row, v_row)
 
-    with plain_errors():
-        async with anyio.create_task_group() as tg:
-
-            async def reader() -> None:
-                for layer in range(layers):
-                    await slots.acquire()
-                    tg.start_soon(fetch, layer)
-
-            tg.start_soon(reader)
-            for layer in range(layers):
-                await ready[layer].wait()
-                k, v = results.pop(layer)
-                checked += data.check("K", layer, k, verify)
-                checked += data.check("V", layer, v, verify)
-                del k, v
-                k_row, v_row = new_rows[layer]
-                await ctx.append(layer, k_row, v_row)
-                slots.release()
+    await walk_layers(ctx, buffers, use)
     return checked

@@ -1,0 +1,48 @@
+"""A decode step of the bench workloads: every layer read in layer order, ahead of its use.
+
+The sweep, serving and pressure workers all walk a context's layers the way the OPT engine does
+without its compute: layer ``l`` reads into ``buffers[l % len(buffers)]``, with one read in flight
+per buffer, and is handed to ``use`` (check the bytes, append the step's row); layer
+``l + len(buffers)`` starts only once ``use`` is done with layer ``l``, which frees its buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import torch
+
+from dualblade.errors import plain_errors
+from dualblade.store import KVContext, ReadBuffers
+
+UseLayer = Callable[[int, torch.Tensor, torch.Tensor], Awaitable[None]]
+
+
+async def walk_layers(ctx: KVContext, buffers: Sequence[ReadBuffers], use: UseLayer) -> None:
+    """Read every layer of ``ctx`` ahead of ``use``, in layer order (see the module)."""
+    prefetch = max(1, len(buffers))
+    layers = ctx.num_layers
+    results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    ready = [anyio.Event() for _ in range(layers)]
+    slots = anyio.Semaphore(prefetch)
+
+    async def fetch(layer: int) -> None:
+        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
+        ready[layer].set()
+
+    with plain_errors():
+        async with anyio.create_task_group() as tg:
+
+            async def reader() -> None:
+                for layer in range(layers):
+                    await slots.acquire()
+                    tg.start_soon(fetch, layer)
+
+            tg.start_soon(reader)
+            for layer in range(layers):
+                await ready[layer].wait()
+                k, v = results.pop(layer)
+                await use(layer, k, v)
+                del k, v
+                slots.release()
