@@ -120,7 +120,7 @@ def render_table(plan: Plan, source: str) -> str:
         lines.append(f"  {term.name:<28} {format_size(term.nbytes):>12}  {term.note}".rstrip())
     lines += [
         "",
-        f"groups (n1 = {placement.n1})",
+        f"groups (n1 = {placement.n1}, page-cache layers {plan.config.page_cache_layers})",
         f"  {'page cache':<12} {len(placement.page_cache):>3} layers  "
         f"{format_size(placement.page_cache_bytes):>12}  {layer_ranges(placement.page_cache)}",
         f"  {'direct':<12} {len(placement.direct):>3} layers  "

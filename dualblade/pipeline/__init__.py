@@ -46,6 +46,9 @@ from dualblade.pipeline.errors import PlanError as PlanError
 from dualblade.pipeline.kpu import KpuId as KpuId
 from dualblade.pipeline.kpu import TensorKind as TensorKind
 from dualblade.pipeline.kpu import layer_kpus as layer_kpus
+from dualblade.pipeline.layer_order import LAYER_ORDERS as LAYER_ORDERS
+from dualblade.pipeline.layer_order import LayerOrder as LayerOrder
+from dualblade.pipeline.layer_order import page_cache_order as page_cache_order
 from dualblade.pipeline.layout import TensorLayout as TensorLayout
 from dualblade.pipeline.lba_map import KpuExtent as KpuExtent
 from dualblade.pipeline.lba_map import LbaMap as LbaMap

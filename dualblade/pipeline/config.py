@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from dualblade.errors import ConfigError
+from dualblade.pipeline.layer_order import LayerOrder
 from dualblade.pipeline.shapes import PRESETS, DType, ModelShape, get_preset
 from dualblade.pipeline.sizes import SIZE_SYNTAX, parse_size
 
@@ -297,6 +298,13 @@ class PipelineConfig(_Section):
         default="auto", description="Overlap strategy; auto probes decode 2 and 3."
     )
     policy: Policy = Field(default="dual", description="Which KPUs take which path.")
+    page_cache_layers: LayerOrder = Field(
+        default="spread",
+        description=(
+            "Which layers Algorithm 1's n1 page-cache layers are: spread over the model (so a "
+            "decode step reads both paths at once) or leading (layers 0..n1-1, the paper's)."
+        ),
+    )
     telemetry: TelemetrySection = Field(default_factory=TelemetrySection)
 
     @model_validator(mode="after")

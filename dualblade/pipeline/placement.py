@@ -1,14 +1,17 @@
 """Algorithm 1: which layers' KPUs take the page-cache path and which go NVMe-direct.
 
-With the knob ``X ∈ [0, B_pc]``, the first ``n1`` layers, as many as fit in ``X`` whole (K and V
+With the knob ``X ∈ [0, B_pc]``, ``n1`` layers, as many as fit in ``X`` whole (K and V
 together), form Group 1 and use the page cache; every other layer forms Group 2 and bypasses it.
+The paper takes layers ``0 .. n1-1``; the functions here take the first ``n1`` of an order
+(:mod:`.layer_order`: by default spread over the model, so that a decode step's reads keep both
+paths busy at once).
 The page cache is then never asked to hold more than the budget, which is the point: once the KV
 working set exceeds the page cache, LRU evicts exactly the tensor decode reads next and the hit
 rate falls off a cliff; a working set that fits keeps its hits.
 
 For equal-sized layers, ``n1 = floor(X / bytes(K_i + V_i))`` as in the paper. The function accepts
-per-layer sizes and takes the longest prefix that fits, which is the same for equal sizes and stays
-correct if a model ever has layers of different widths.
+per-layer sizes and takes the longest prefix of the order that fits, which is the same for equal
+sizes and stays correct if a model ever has layers of different widths.
 
 The other policies of the evaluation are placements too: ``direct`` puts every layer in Group 2,
 ``page-cache``, ``cache-policy`` and ``baseline`` put every layer in Group 1. They differ in the
@@ -83,42 +86,68 @@ class Placement:
 
 
 def assign_groups(
-    layer_bytes: Sequence[int], page_cache_budget: int, knob_x: int | None = None
+    layer_bytes: Sequence[int],
+    page_cache_budget: int,
+    knob_x: int | None = None,
+    order: Sequence[int] | None = None,
 ) -> Placement:
-    """Algorithm 1: layers ``0 .. n1-1`` to the page cache, the rest NVMe-direct.
+    """Algorithm 1: the first ``n1`` layers of ``order`` to the page cache, the rest
+    NVMe-direct.
 
     Args:
         layer_bytes: ``bytes(K_i + V_i)`` of each layer (its page-cache footprint).
         page_cache_budget: ``B_pc``.
         knob_x: ``X``; None means ``B_pc``; clamped into ``[0, B_pc]``.
+        order: every layer once, in the order they take the page cache
+            (:func:`~.layer_order.page_cache_order`); None: layers ``0, 1, 2, ...``.
 
     Raises:
-        PlanError: a layer size is not positive or the budget is negative.
+        PlanError: a layer size is not positive, the budget is negative, or ``order`` is not
+            a permutation of the layers.
     """
     _check_sizes(layer_bytes)
     if page_cache_budget < 0:
         raise PlanError(f"the page-cache budget must not be negative (got {page_cache_budget})")
+    ranked = _checked_order(order, len(layer_bytes))
     x = page_cache_budget if knob_x is None else max(0, min(knob_x, page_cache_budget))
-    n1, used = 0, 0
-    for size in layer_bytes:
-        if used + size > x:
+    group1: set[int] = set()
+    used = 0
+    for layer in ranked:
+        if used + layer_bytes[layer] > x:
             break
-        used += size
-        n1 += 1
-    media = (Medium.PAGE_CACHE,) * n1 + (Medium.DIRECT,) * (len(layer_bytes) - n1)
+        used += layer_bytes[layer]
+        group1.add(layer)
+    media = tuple(
+        Medium.PAGE_CACHE if layer in group1 else Medium.DIRECT for layer in range(len(layer_bytes))
+    )
     return Placement(media, tuple(layer_bytes), x, "dual")
 
 
+def _checked_order(order: Sequence[int] | None, num_layers: int) -> tuple[int, ...]:
+    if order is None:
+        return tuple(range(num_layers))
+    if sorted(order) != list(range(num_layers)):
+        raise PlanError(
+            f"a page-cache order must name each of the {num_layers} layers once, got {list(order)}"
+        )
+    return tuple(order)
+
+
 def place_layers(
-    policy: str, layer_bytes: Sequence[int], page_cache_budget: int, knob_x: int | None = None
+    policy: str,
+    layer_bytes: Sequence[int],
+    page_cache_budget: int,
+    knob_x: int | None = None,
+    order: Sequence[int] | None = None,
 ) -> Placement:
-    """The placement of a policy: ``dual`` runs Algorithm 1, the others are fixed.
+    """The placement of a policy: ``dual`` runs Algorithm 1 (over ``order``: see
+    :func:`assign_groups`), the others are fixed.
 
     Raises:
         PlanError: unknown policy, or invalid sizes (see :func:`assign_groups`).
     """
     if policy == "dual":
-        return assign_groups(layer_bytes, page_cache_budget, knob_x)
+        return assign_groups(layer_bytes, page_cache_budget, knob_x, order)
     _check_sizes(layer_bytes)
     n = len(layer_bytes)
     if policy == "direct":
@@ -129,8 +158,10 @@ def place_layers(
         return Placement((Medium.MMAP,) * n, tuple(layer_bytes), sum(layer_bytes), policy)
     if policy == "cache-policy":
         # Algorithm 1's n1 layers stay resident; the rest pass through and are dropped.
-        kept = assign_groups(layer_bytes, page_cache_budget, knob_x).n1
-        media = (Medium.PAGE_CACHE,) * kept + (Medium.PAGE_CACHE_DROPPED,) * (n - kept)
+        kept = assign_groups(layer_bytes, page_cache_budget, knob_x, order).media
+        media = tuple(
+            Medium.PAGE_CACHE if m is Medium.PAGE_CACHE else Medium.PAGE_CACHE_DROPPED for m in kept
+        )
         return Placement(media, tuple(layer_bytes), sum(layer_bytes), policy)
     raise PlanError(
         f"unknown policy {policy!r}; use dual, direct, page-cache, cache-policy or baseline"

@@ -27,6 +27,7 @@ from dualblade.pipeline.budget import (
 )
 from dualblade.pipeline.config import PipelineConfig
 from dualblade.pipeline.kpu import layer_kpus
+from dualblade.pipeline.layer_order import page_cache_order
 from dualblade.pipeline.layout import TensorLayout
 from dualblade.pipeline.lba_map import LbaMap, Region
 from dualblade.pipeline.memory import discover_memory
@@ -153,8 +154,13 @@ def make_plan(config: PipelineConfig, budget: PageCacheBudget) -> Plan:
         ExtentOverflowError: the declared extent is too small for the direct KPUs.
     """
     layout = tensor_layout(config)
+    layer_bytes = layer_page_cache_bytes(config)
     placement = place_layers(
-        config.policy, layer_page_cache_bytes(config), budget.page_cache_bytes, budget.knob_x_bytes
+        config.policy,
+        layer_bytes,
+        budget.page_cache_bytes,
+        budget.knob_x_bytes,
+        page_cache_order(len(layer_bytes), config.page_cache_layers),
     )
     target = config.storage.direct
     kpus = [(kpu, layout.image_bytes) for kpu in layer_kpus(placement.direct)]

@@ -39,7 +39,13 @@ from dualblade.actors import (
 )
 from dualblade.errors import ConfigError, plain_errors
 from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, Target
-from dualblade.pipeline import PipelineConfig, Plan, layer_page_cache_bytes, make_plan
+from dualblade.pipeline import (
+    PipelineConfig,
+    Plan,
+    layer_page_cache_bytes,
+    make_plan,
+    page_cache_order,
+)
 from dualblade.store.context import KVContext
 from dualblade.store.context_shape import context_config
 from dualblade.store.replanner import BUDGETED_MEDIA, Replanner
@@ -155,14 +161,15 @@ class KVStore:
         if config.policy not in BUDGETED_MEDIA:
             return make_plan(config, budget)
         layer_bytes = tuple(layer_page_cache_bytes(config))
-        self.ledger.register(context, layer_bytes)
+        order = page_cache_order(len(layer_bytes), config.page_cache_layers)
+        self.ledger.register(context, layer_bytes, order)
         try:
             admitted = self.ledger.admit(context)
-            share = sum(layer_bytes[:admitted])
+            share = sum(layer_bytes[layer] for layer in admitted)
             plan = make_plan(
                 config, dataclasses.replace(budget, page_cache_bytes=share, knob_x_bytes=share)
             )
-            for layer in range(admitted):
+            for layer in admitted:
                 self.ledger.charge(context, layer)
         except BaseException:
             self.ledger.unregister(context)

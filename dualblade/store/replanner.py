@@ -1,15 +1,16 @@
 """Live re-planning: keep every context's page-cache layers at its share of the budget.
 
-The share policy says how many lowest layers each live context should hold on the page-cache
-path (:meth:`ResidencyLedger.targets`); this task moves layers until they do. It wakes when a
-context opens or closes and when the budget changes (the budgeter's readings, or
+The share policy says how many layers each live context should hold on the page-cache path (the
+first of the context's page-cache order: :func:`dualblade.pipeline.page_cache_order`)
+(:meth:`ResidencyLedger.targets`); this task moves layers until they do. It wakes when a context
+opens or closes and when the budget changes (the budgeter's readings, or
 :meth:`KVStore.set_page_cache_budget`), and works in two passes:
 
-1. **Demote** first: a context above its target gives up its highest page-cache layer; the
-   ledger is credited once the layer's pages are gone. After a budget cut this is what brings
+1. **Demote** first: a context above its target gives up the page-cache layer latest in its order;
+   the ledger is credited once the layer's pages are gone. After a budget cut this is what brings
    the ledger back under the budget, before the kernel has to evict anything.
 2. **Promote** into what is free: the context holding the fewest bytes below its target gets
-   its lowest other layer; the ledger is charged before a byte goes to the page cache.
+   the next layer of its order; the ledger is charged before a byte goes to the page cache.
 
 Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
 reader waits for at most one layer's move. They yield the copy threads to decode steps, except
@@ -99,9 +100,9 @@ class Replanner:
             _, outside = BUDGETED_MEDIA[ctx.plan.config.policy]
             while context not in skipped:
                 charged = self.ledger.charged_layers(context)
-                if len(charged) <= targets.get(context, 0):
+                layer = self.ledger.last_charged(context)
+                if layer is None or len(charged) <= targets.get(context, 0):
                     break
-                layer = max(charged)
                 urgent = self.ledger.over_budget_bytes > 0
                 if await self._move(ctx, layer, outside, skipped, urgent=urgent):
                     self.ledger.credit(context, layer)
@@ -115,8 +116,8 @@ class Replanner:
                 charged = self.ledger.charged_layers(context)
                 if context in skipped or len(charged) >= targets.get(context, 0):
                     continue
-                layer = min(set(range(targets[context])) - charged)
-                if self.ledger.fits(context, layer):
+                layer = self.ledger.next_uncharged(context, targets[context])
+                if layer is not None and self.ledger.fits(context, layer):
                     bytes_held = self.ledger.snapshot().shares.get(context, 0)
                     candidates.append((bytes_held, context, layer))
             if not candidates:

@@ -27,11 +27,13 @@ class LedgerFullError(RuntimeError):
 
 @dataclass
 class _Entry:
-    demand: ContextDemand
+    demand: ContextDemand  # its layer_bytes in the context's page-cache order
+    order: tuple[int, ...]  # the layers, in the order they take the page-cache path
+    sizes: tuple[int, ...]  # each layer's footprint, by layer
     charged: set[int] = field(default_factory=set)
 
     def charged_bytes(self) -> int:
-        return sum(self.demand.layer_bytes[layer] for layer in self.charged)
+        return sum(self.sizes[layer] for layer in self.charged)
 
 
 @dataclass(frozen=True)
@@ -78,18 +80,26 @@ class ResidencyLedger:
         self.failed_moves = 0  # moves that failed (the layer stayed where it was)
 
     # -- contexts ------------------------------------------------------------------------------
-    def register(self, context: int, layer_bytes: tuple[int, ...]) -> None:
-        """A new context whose ``layer_bytes`` (lowest first) may take the page-cache path."""
-        demand = ContextDemand(context, next(self._arrivals), layer_bytes)
-        self._entries[context] = _Entry(demand)
+    def register(
+        self, context: int, layer_bytes: tuple[int, ...], order: tuple[int, ...] | None = None
+    ) -> None:
+        """A new context whose layers (``layer_bytes``: each one's footprint, by layer) may take
+        the page-cache path, in ``order`` (every layer once; None: lowest first). A context's
+        share of ``n`` layers is the first ``n`` of its order."""
+        order = tuple(range(len(layer_bytes))) if order is None else order
+        if sorted(order) != list(range(len(layer_bytes))):
+            raise ValueError(f"order {order} is not a permutation of {len(layer_bytes)} layers")
+        demand = ContextDemand(context, next(self._arrivals), tuple(layer_bytes[i] for i in order))
+        self._entries[context] = _Entry(demand, order, tuple(layer_bytes))
 
     def unregister(self, context: int) -> None:
         """The context is gone and its pages with it: credit everything it held."""
         self._entries.pop(context, None)
 
-    def admit(self, context: int) -> int:
-        """How many lowest layers a context just registered may place now: its target share,
-        cut to what is free (the rest comes later, by promotion, as others give room)."""
+    def admit(self, context: int) -> tuple[int, ...]:
+        """The layers a context just registered may place now: the first of its order, its
+        target share cut to what is free (the rest comes later, by promotion, as others give
+        room)."""
         entry = self._entries[context]
         target = self.targets().get(context, 0)
         left = self.free_bytes
@@ -99,11 +109,11 @@ class ResidencyLedger:
                 break
             left -= size
             n += 1
-        return n
+        return entry.order[:n]
 
     # -- charges -------------------------------------------------------------------------------
     def fits(self, context: int, layer: int) -> bool:
-        return self._entries[context].demand.layer_bytes[layer] <= self.free_bytes
+        return self._entries[context].sizes[layer] <= self.free_bytes
 
     def charge(self, context: int, layer: int) -> None:
         """Charge a layer before its bytes go to the page cache.
@@ -116,7 +126,7 @@ class ResidencyLedger:
             return
         if not self.fits(context, layer):
             raise LedgerFullError(
-                f"layer {layer} of context {context} needs {entry.demand.layer_bytes[layer]} B; "
+                f"layer {layer} of context {context} needs {entry.sizes[layer]} B; "
                 f"{self.free_bytes} B of the {self.budget_bytes} B page-cache budget are free"
             )
         entry.charged.add(layer)
@@ -130,6 +140,21 @@ class ResidencyLedger:
     def charged_layers(self, context: int) -> frozenset[int]:
         entry = self._entries.get(context)
         return frozenset(entry.charged) if entry is not None else frozenset()
+
+    def last_charged(self, context: int) -> int | None:
+        """The charged layer latest in the context's order (the one to demote), or None."""
+        entry = self._entries.get(context)
+        if entry is None or not entry.charged:
+            return None
+        return next(layer for layer in reversed(entry.order) if layer in entry.charged)
+
+    def next_uncharged(self, context: int, count: int) -> int | None:
+        """The first layer of the context's first ``count`` in its order that is not charged
+        (the one to promote), or None."""
+        entry = self._entries.get(context)
+        if entry is None:
+            return None
+        return next((layer for layer in entry.order[:count] if layer not in entry.charged), None)
 
     # -- the budget ----------------------------------------------------------------------------
     def set_budget(self, budget_bytes: int) -> None:
@@ -148,7 +173,7 @@ class ResidencyLedger:
         return max(0, self.placed_bytes - self.budget_bytes)
 
     def targets(self) -> dict[int, int]:
-        """Per context, how many lowest layers the share policy gives it now."""
+        """Per context, how many layers (the first of its order) the share policy gives it."""
         demands = [entry.demand for entry in self._entries.values()]
         return dict(self.policy.shares(self.budget_bytes, demands))
 

@@ -1,10 +1,10 @@
 """How a store shares its page-cache budget among live contexts: a pluggable policy.
 
-The budget ``B_pc`` is the store's (DESIGN §5b). A policy turns the budget and each context's
-demand — its layers' page-cache footprints, lowest layer first — into how many of each
-context's lowest layers may hold page-cache places. Algorithm 1 then runs per context on the
-bytes of those layers, so the page cache is never asked to hold more than the budget, however
-many requests are open.
+The budget ``B_pc`` is the store's (DESIGN §5b). A policy turns the budget and each context's demand
+— its layers' page-cache footprints, in the order its layers take the page cache — into how many of
+each context's first layers may hold page-cache places. Algorithm 1 then runs per context on the
+bytes of those layers, so the page cache is never asked to hold more than the budget, however many
+requests are open.
 
 Two policies come with the store:
 
@@ -28,7 +28,8 @@ class ContextDemand:
     """One live context as the policy sees it.
 
     ``layer_bytes``: the page-cache footprint of each layer that may take the page-cache path,
-    lowest first (a context holds a prefix of them, as Algorithm 1 places). ``arrival``: the
+    in the order they take it (a context holds a prefix of them, as Algorithm 1 places:
+    :func:`dualblade.pipeline.page_cache_order`). ``arrival``: the
     order contexts opened in (ties go to the older one, so shares do not flap).
     """
 

@@ -112,7 +112,7 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
         assert len(rates.direct.seconds) == 2
     else:
         assert rates.direct is None
-    if policy == "cache-policy":  # layers 2-3 are dropped after each use: read cold
+    if policy == "cache-policy":  # layers 1 and 3 are dropped after each use: cold
         assert rates.file_disk is not None
         assert rates.file_disk.nbytes == 2 * 2 * kpu
     else:  # nothing the decode read from the page cache has left it

@@ -11,8 +11,9 @@ from dualblade.models.opt import OptModel
 from dualblade.models.weights import random_weights
 
 #: opt-tiny, batch 4, 64 + 8 tokens: one layer's K plus V in the page cache is 2 × 36 KiB, so
-#: knob_x = 144 KiB puts layers 0-1 on the page cache and 2-3 on the direct path under dual, and
-#: makes cache-policy evict layers 2-3 after use: every path carries traffic.
+#: knob_x = 144 KiB puts two layers (0 and 2, spread over the model) on the page cache and 1 and
+#: 3 on the direct path under dual, and makes cache-policy evict layers 1 and 3 after use: every
+#: path carries traffic.
 PIPELINE_TOML = """
 policy = "dual"
 copy_threads = 2

@@ -49,8 +49,8 @@ def test_every_policy_generates_the_same_ids(
 
     # every path carried the KV cache it was given
     dual = reports["dual"]
-    assert dual["path_split"]["page_cache_layers"] == [0, 1]
-    assert dual["path_split"]["direct_layers"] == [2, 3]
+    assert dual["path_split"]["page_cache_layers"] == [0, 2]  # spread: page_cache_order
+    assert dual["path_split"]["direct_layers"] == [1, 3]
     assert dual["read_bytes"]["direct"] > 0
     assert dual["read_bytes"]["page-cache"] > 0
     assert set(reports["direct"]["read_bytes"]) == {"direct"}
@@ -83,7 +83,7 @@ def test_the_text_report_shows_ids_and_the_path_split(
     out = capsys.readouterr().out
     assert out.startswith("[0] ")
     assert "page-cache layers" in out
-    assert "0-1" in out
+    assert "0, 2" in out  # two of four layers, spread over the model
     assert "direct layers" in out
 
 

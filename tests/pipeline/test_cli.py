@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dualblade.cli import main
+from dualblade.pipeline import page_cache_order
 
 ROOT = Path(__file__).resolve().parents[2]
 PAPER = str(ROOT / "configs/opt-6.7b-paper.toml")
@@ -20,11 +21,12 @@ def test_plan_json(capsys):
     data = json.loads(capsys.readouterr().out)
     budget = data["budget"]
     n1 = budget["page_cache_bytes"] // data["placement"]["layer_kv_bytes"]
-    assert data["groups"]["page_cache"] == list(range(n1))
-    assert data["groups"]["direct"] == list(range(n1, 32))
+    page_cache = sorted(page_cache_order(32)[:n1])  # spread over the model (the default)
+    assert data["groups"]["page_cache"] == page_cache
+    assert data["groups"]["direct"] == sorted(set(range(32)) - set(page_cache))
     assert budget["limit_bytes"] == 6 << 30
     extents = data["extents"]
-    assert extents[0]["kpu"] == f"L{n1}.K"
+    assert extents[0]["kpu"] == f"L{data['groups']['direct'][0]}.K"
     for before, after in itertools.pairwise(extents):
         assert after["lba_start"] == before["lba_start"] + before["n_blocks"]
 
@@ -33,16 +35,30 @@ def test_plan_table(capsys):
     assert main(["plan", PAPER, "--memory-limit", "6GiB"]) == 0
     out = capsys.readouterr().out
     assert "= page-cache budget B_pc" in out
+    assert "groups (n1 = 20, page-cache layers spread)" in out
     assert "page cache    20 layers" in out
+    assert "0, 2, 4, 6-8, 10, 12, 14-16, 18, 20, 22-24, 26, 28, 30-31" in out
+    assert "1, 3, 5, 9, 11, 13, 17, 19, 21, 25, 27, 29" in out
+    assert "L29.V" in out  # the last direct layer
+
+
+def test_plan_table_leading_layers(tmp_path, capsys):
+    """``page_cache_layers = "leading"``: the paper's literal Algorithm 1, layers 0..n1-1."""
+    config = tmp_path / "leading.toml"
+    leading = 'policy = "dual"\npage_cache_layers = "leading"'
+    config.write_text(Path(PAPER).read_text().replace('policy = "dual"', leading))
+    assert main(["plan", str(config), "--memory-limit", "6GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "groups (n1 = 20, page-cache layers leading)" in out
     assert "0-19" in out
     assert "20-31" in out
-    assert "L31.V" in out
 
 
 def test_plan_with_discovered_memory(capsys):
     assert main(["plan", str(ROOT / "configs/default.toml"), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data["groups"]["page_cache"] == [0, 1, 2, 3, 4]  # knob_x = 32 MiB, 6.4 MiB a layer
+    # knob_x = 32 MiB, 6.4 MiB a layer: 5 layers, spread over the 12
+    assert data["groups"]["page_cache"] == [0, 2, 4, 6, 8]
 
 
 def test_config_check_and_schema(capsys):

@@ -14,6 +14,7 @@ from dualblade.pipeline import (
     config_from_mapping,
     load_config,
     make_plan,
+    page_cache_order,
     pin_bytes,
     plan_slice,
 )
@@ -40,18 +41,31 @@ def test_paper_at_6_gib():
     n1 = budget.page_cache_bytes // layer
     assert budget.source == "explicit limit"
     assert budget.pin_bytes == pin_bytes(PAPER) == 136 << 20
-    assert plan.placement.page_cache == tuple(range(n1))
-    assert plan.placement.direct == tuple(range(n1, 32))
     assert n1 == 20
+    # spread over the model (the default order): the first 20 of the van der Corput order
+    page_cache = tuple(sorted(page_cache_order(32)[:20]))
+    direct = (1, 3, 5, 9, 11, 13, 17, 19, 21, 25, 27, 29)
+    assert plan.placement.page_cache == page_cache
+    assert plan.placement.direct == direct == tuple(sorted(set(range(32)) - set(page_cache)))
     extents = plan.lba_map.extents
-    assert [str(e.kpu) for e in extents[:3]] == ["L20.K", "L20.V", "L21.K"]
+    # Group 2 still lies on consecutive LBAs, in layer order
+    assert [str(e.kpu) for e in extents[:3]] == ["L1.K", "L1.V", "L3.K"]
     assert extents[0].lba_start == PAPER.storage.direct.first_lba
     for before, after in itertools.pairwise(extents):
         assert after.lba_start == before.lba_start + before.n_blocks
     assert all(e.n_blocks == (136 << 20) // 4096 for e in extents)
     data = plan.to_dict()
     assert list(data)[:3] == ["budget", "groups", "placement"]
-    assert data["groups"] == {"page_cache": list(range(20)), "direct": list(range(20, 32))}
+    assert data["groups"] == {"page_cache": list(page_cache), "direct": list(direct)}
+
+
+def test_paper_at_6_gib_leading_layers():
+    """The paper's literal Algorithm 1: layers 0..n1-1 to the page cache."""
+    config = _with(PAPER, page_cache_layers="leading")
+    plan = make_plan(config, budget_for(config, 6 << 30))
+    assert plan.placement.page_cache == tuple(range(20))
+    assert plan.placement.direct == tuple(range(20, 32))
+    assert [str(e.kpu) for e in plan.lba_map.extents[:3]] == ["L20.K", "L20.V", "L21.K"]
 
 
 def test_budget_sources():

@@ -47,8 +47,8 @@ def make_config(tmp_path: Path) -> MakeConfig:
     """``make_config(policy, shape="odd-gqa", prompt_len=16, max_new_tokens=4, **top_level)``.
 
     The page-cache budget is fixed (no polling) and ``knob_x`` puts two of the four layers on
-    the page-cache path under ``dual`` (both paths carry traffic) and makes ``cache-policy``
-    evict layers 2-3.
+    the page-cache path under ``dual`` (both paths carry traffic: layers 0 and 2, spread over
+    the model by ``page_cache_order``) and makes ``cache-policy`` evict layers 1 and 3.
     """
 
     def make(
@@ -81,7 +81,8 @@ def make_config(tmp_path: Path) -> MakeConfig:
         }
         config = config_from_mapping(data, env={})
         if policy in ("dual", "cache-policy") and memory is None:
-            # knob_x = two layers: layers 0-1 cached, 2-3 direct (dual) or evicted (cache-policy).
+            # knob_x = two layers: layers 0 and 2 cached, 1 and 3 direct (dual) or evicted
+            # (cache-policy): spread over the model (page_cache_order).
             from dualblade.pipeline.planner import layer_page_cache_bytes
 
             two_layers = sum(layer_page_cache_bytes(config)[:2])

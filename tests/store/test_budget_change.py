@@ -22,7 +22,7 @@ async def test_budget_change_replans_and_reprobes(make_config):
         await run_kv_workload(store)  # probes steps 2 and 3, then locks
         assert (await store.strategy()).locked
         before = store.plan.placement
-        assert before.page_cache == (0, 1)
+        assert before.page_cache == (0, 2)  # 2 of 4 layers, spread (page_cache_order)
         async with store.context() as old:
             k, v = random_kv(config, 16, seed=1)
             await old.write(3, k, v)  # layer 3 is direct under the old plan

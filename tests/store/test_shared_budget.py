@@ -14,7 +14,7 @@ import anyio
 import pytest
 import torch
 
-from dualblade.pipeline import Medium, PipelineConfig
+from dualblade.pipeline import Medium, PipelineConfig, page_cache_order
 from dualblade.store import FirstComeShares, KVContext, KVStore, open_store
 from dualblade.testing import FaultKind, FaultLog, FaultPolicy, FaultyTarget
 
@@ -25,6 +25,11 @@ pytestmark = pytest.mark.anyio
 LAYERS = 4
 PROMPT = 60  # + 4 new rows: 64 rows of 4 KiB = a 256 KiB KPU, a 512 KiB layer
 LAYER_BYTES = 512 << 10
+
+
+#: The layer a context demotes first when its share drops from all four layers to three: the
+#: last of its page-cache order (layers are spread over the model: see page_cache_order).
+LAST_IN_ORDER = page_cache_order(4)[-1]
 
 
 def _config(make_config: MakeConfig, policy: str = "dual", layers_in_budget: int = 4) -> Any:
@@ -216,7 +221,7 @@ async def test_a_move_holds_up_only_its_own_layer(
     claim_run = ContextHoldings.direct_map
 
     async def held_claim(self: ContextHoldings, layer: int) -> Any:
-        if layer == 3:
+        if layer == LAST_IN_ORDER:
             claimed.set()
             await release.wait()
         return await claim_run(self, layer)
@@ -226,17 +231,17 @@ async def test_a_move_holds_up_only_its_own_layer(
         await store.replanned()
         await requests.prefill(ctx, 1)
         assert ctx.resident_layers == 4
-        store.set_page_cache_budget(3 * LAYER_BYTES)  # layer 3 must go direct
+        store.set_page_cache_budget(3 * LAYER_BYTES)  # LAST_IN_ORDER must go direct
         with anyio.fail_after(5):
-            await claimed.wait()  # the move holds layer 3
+            await claimed.wait()  # the move holds LAST_IN_ORDER
         with anyio.fail_after(5):
-            for layer in range(3):
+            for layer in set(range(LAYERS)) - {LAST_IN_ORDER}:
                 await requests.check(ctx, layer)
             await ctx.append(0, *random_kv(config, 1, seed=7))
         read_done = anyio.Event()
 
         async def read_moving_layer() -> None:
-            await requests.check(ctx, 3)
+            await requests.check(ctx, LAST_IN_ORDER)
             read_done.set()
 
         async with anyio.create_task_group() as tg:
@@ -245,7 +250,7 @@ async def test_a_move_holds_up_only_its_own_layer(
             assert not read_done.is_set()  # it waits for the move, not for a wrong byte
             release.set()
         await store.replanned()
-        assert ctx.media[3] is Medium.DIRECT
+        assert ctx.media[LAST_IN_ORDER] is Medium.DIRECT
 
 
 async def test_a_failed_move_leaves_the_layer_where_it_was(make_config: MakeConfig) -> None:
@@ -270,14 +275,14 @@ async def test_a_failed_move_leaves_the_layer_where_it_was(make_config: MakeConf
         ledger = store.stats().ledger
         assert ledger.failed_moves >= 1
         assert ledger.demotions == 0
-        assert ctx.media[3] is Medium.PAGE_CACHE
+        assert ctx.media[LAST_IN_ORDER] is Medium.PAGE_CACHE
         assert ledger.placed_bytes == 4 * LAYER_BYTES  # over budget until a move succeeds
         for layer in range(LAYERS):
             await requests.check(ctx, layer)
         store.set_page_cache_budget(3 * LAYER_BYTES)  # a new reading: it tries again
         await store.replanned()
-        assert ctx.media[3] is Medium.DIRECT
-        await requests.check(ctx, 3)
+        assert ctx.media[LAST_IN_ORDER] is Medium.DIRECT
+        await requests.check(ctx, LAST_IN_ORDER)
 
 
 async def test_first_come_shares_never_move_a_layer_for_a_newcomer(

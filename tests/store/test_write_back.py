@@ -72,7 +72,7 @@ async def test_a_failed_write_back_fails_the_write_and_keeps_the_pages(
     make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch, compat: str
 ) -> None:
     monkeypatch.setenv("DUALBLADE_COMPAT", compat)
-    config = make_config("cache-policy", "aligned")  # layers 2-3 are dropped after use
+    config = make_config("cache-policy", "aligned")  # layers 1 and 3 are dropped after use
     policy = FaultPolicy(1.0, kinds=(FaultKind.EIO,), ops=("write-back",))
     log = FaultLog()
     _Recording.dropped = []
@@ -86,18 +86,18 @@ async def test_a_failed_write_back_fails_the_write_and_keeps_the_pages(
             k, v = random_kv(config, 10, seed=1)
             await ctx.write(0, k, v)  # a cached layer: not written back, not dropped
             with pytest.raises(InjectedIOError) as caught:
-                await ctx.write(2, k, v)
+                await ctx.write(1, k, v)
             assert caught.value.op == "write-back"
             assert caught.value.errno == errno.EIO
             assert caught.value.serial in {fault.serial for fault in log.injected}
             assert _Recording.dropped == [], "pages dropped although write-back failed"
             with pytest.raises(LayerLostError):
-                await ctx.read(2)
+                await ctx.read(1)
             got_k, _ = await ctx.read(0)
             assert torch.equal(got_k, k)
             policy.enabled = False  # the disk recovers: the layer can be written again
-            await ctx.write(2, k, v)
-            got_k, got_v = await ctx.read(2)
+            await ctx.write(1, k, v)
+            got_k, got_v = await ctx.read(1)
             assert torch.equal(got_k, k)
             assert torch.equal(got_v, v)
             assert _Recording.dropped, "a healthy write-back drops the pages as before"
