@@ -215,7 +215,7 @@ class CopyThreadActor(Actor[CopyMessage]):
 
     async def _land(self, span: StorageSpan, memory: AlignedBuffer) -> float:
         """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate."""
-        async with self.gate.limiter:
+        async with self.gate.limiter_for(span.path):
             with self.tracer.span(self.name, f"land {span.label}", bytes=span.nbytes):
                 await span.read_into(memory)
         return time.perf_counter()
@@ -243,7 +243,7 @@ class CopyThreadActor(Actor[CopyMessage]):
     async def _host_transfer(self, message: CopyMessage, host: torch.Tensor) -> float:
         """Storage <-> the caller's host tensor, holding a storage slot of the overlap gate."""
         span: Any = message.span
-        async with self.gate.limiter:
+        async with self.gate.limiter_for(span.path):
             with self.tracer.span(self.name, f"host {span.label}", bytes=span.nbytes):
                 if isinstance(message, Load):
                     await span.read_to_host(host)
@@ -264,7 +264,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         """
         pieces = self._pieces(message.span, message.view)
         token = object()
-        limiter = self.gate.limiter
+        limiter = self.gate.limiter_for(message.span.path)
         await limiter.acquire_on_behalf_of(token)
         reads_left = len(pieces)
         storage_done = time.perf_counter()
@@ -311,7 +311,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         """Device -> pinned -> storage, piece by piece: a piece's write overlaps later DMAs."""
         pieces = self._pieces(message.span, message.view)
         with plain_errors():
-            async with self.gate.limiter, anyio.create_task_group() as tg:
+            async with self.gate.limiter_for(message.span.path), anyio.create_task_group() as tg:
                 for sub_span, sub_view, rows in pieces:
                     region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
                     await self._ranges.acquire(*region)

@@ -7,7 +7,12 @@ Two strategies (DESIGN §2, mechanism 3):
 - *Overlap-Cross*: one storage read at a time, so the next thread's read overlaps the previous
   thread's GPU DMA instead of competing with the other reads for the device.
 
-Both are one :class:`OverlapGate` with a different number of storage slots. In ``auto`` mode the
+Both are one :class:`OverlapGate` with a different number of storage slots per I/O path. Each
+path has slots of its own: the page-cache path and the direct path are two storage stacks (a
+page-cache hit is a copy out of memory, a direct read a command to the device), and dual places
+a context's layers on both so that their bandwidths add. With one set of slots for both, a step's
+page-cache read waited behind the direct read before it on the same slots, and a step took the
+sum of its two paths' times (docs/bench.md). In ``auto`` mode the
 probe skips decode iteration 1 (cold caches), runs iteration 2 with Intra and iteration 3 with
 Cross, compares their throughput and locks the faster one; a budget change restarts the probe
 at the next iteration.
@@ -31,23 +36,32 @@ _log = get_logger(__name__)
 
 
 class OverlapGate:
-    """Storage slots shared by the copy threads: all of them (Intra) or one (Cross)."""
+    """Storage slots shared by the copy threads, per I/O path: as many as there are copy threads
+    (Intra) or one (Cross) on each path."""
 
     def __init__(self, copy_threads: int, strategy: StrategyName = "intra") -> None:
         self.copy_threads = copy_threads
-        self._limiter = anyio.CapacityLimiter(copy_threads)
+        self._limiters: dict[str, anyio.CapacityLimiter] = {}
         self.strategy: StrategyName = strategy
         self.set(strategy)
+
+    @property
+    def slots(self) -> int:
+        """Storage transfers at once on each path under the current strategy."""
+        return self.copy_threads if self.strategy == "intra" else 1
 
     def set(self, strategy: StrategyName) -> None:
         """Switch strategy; reads in progress finish under the old one."""
         self.strategy = strategy
-        self._limiter.total_tokens = self.copy_threads if strategy == "intra" else 1
+        for limiter in self._limiters.values():
+            limiter.total_tokens = self.slots
 
-    @property
-    def limiter(self) -> anyio.CapacityLimiter:
-        """Hold one token around a storage transfer."""
-        return self._limiter
+    def limiter_for(self, path: str) -> anyio.CapacityLimiter:
+        """Hold one token of ``path``'s slots around a storage transfer on that path."""
+        limiter = self._limiters.get(path)
+        if limiter is None:
+            limiter = self._limiters[path] = anyio.CapacityLimiter(self.slots)
+        return limiter
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ async def test_failed_storage_read_fails_only_that_request(rig):
         await rig.thread.ask(Load(FailingSpan(rig.span(0, ROWS)), view, destination, reply), reply)
     # The copy thread is alive, its buffer's ranges and the storage slot were given back.
     assert rig.thread._ranges.held == []
-    assert rig.thread.gate.limiter.borrowed_tokens == 0
+    assert rig.thread.gate.limiter_for("direct").borrowed_tokens == 0
     again = torch.empty_like(source)
     await rig.move("load", 0, again)
     assert torch.equal(again, source)

@@ -136,12 +136,14 @@ async def test_budget_change_during_a_probe_iteration_still_reprobes(running):
 async def test_gate_tokens_follow_the_strategy():
     gate = OverlapGate(copy_threads=4)
     assert gate.strategy == "intra"
-    assert gate.limiter.total_tokens == 4
+    assert gate.limiter_for("direct").total_tokens == 4
     gate.set("cross")
-    assert gate.limiter.total_tokens == 1
+    assert gate.limiter_for("direct").total_tokens == 1
+    assert gate.limiter_for("page-cache").total_tokens == 1  # made after the switch
     gate.set("intra")
-    assert gate.limiter.total_tokens == 4
-    assert OverlapGate(copy_threads=4, strategy="cross").limiter.total_tokens == 1
+    assert gate.limiter_for("direct").total_tokens == 4
+    assert gate.limiter_for("page-cache").total_tokens == 4
+    assert OverlapGate(copy_threads=4, strategy="cross").limiter_for("direct").total_tokens == 1
 
 
 @pytest.mark.parametrize(("strategy", "concurrent"), [("intra", 3), ("cross", 1)])
@@ -153,7 +155,7 @@ async def test_gate_limits_concurrent_storage_transfers(strategy, concurrent):
 
     async def transfer() -> None:
         nonlocal inside, peak
-        async with gate.limiter:
+        async with gate.limiter_for("direct"):
             inside += 1
             peak = max(peak, inside)
             await release.wait()
@@ -168,14 +170,36 @@ async def test_gate_limits_concurrent_storage_transfers(strategy, concurrent):
     assert peak == concurrent
 
 
+@pytest.mark.parametrize("strategy", ["intra", "cross"])
+async def test_each_path_has_slots_of_its_own(strategy):
+    """A page-cache transfer never waits for the direct path's slots (nor the other way round):
+    dual's two paths add their bandwidth. With one set of slots a step's page-cache reads
+    waited behind the direct read before them."""
+    gate = OverlapGate(copy_threads=2, strategy=strategy)
+    release = anyio.Event()
+    inside: dict[str, int] = {"direct": 0, "page-cache": 0}
+
+    async def transfer(path: str) -> None:
+        async with gate.limiter_for(path):
+            inside[path] += 1
+            await release.wait()
+
+    async with anyio.create_task_group() as tg:
+        for path in ("direct", "direct", "direct", "page-cache", "page-cache", "page-cache"):
+            tg.start_soon(transfer, path)
+        await anyio.wait_all_tasks_blocked()
+        assert inside == {"direct": gate.slots, "page-cache": gate.slots}
+        release.set()
+
+
 async def test_probe_sets_the_gate_seen_by_copy_threads(running):
     driver, gate = running
     await driver.step(1)
     await driver.start(2)
-    assert gate.limiter.total_tokens == 3
+    assert gate.limiter_for("direct").total_tokens == 3
     await driver.end(2, 50.0)
     await driver.start(3)
-    assert gate.limiter.total_tokens == 1
+    assert gate.limiter_for("direct").total_tokens == 1
     await driver.end(3, 10.0)
     await driver.state()
-    assert gate.limiter.total_tokens == 3  # Intra won
+    assert gate.limiter_for("direct").total_tokens == 3  # Intra won
