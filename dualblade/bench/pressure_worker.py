@@ -133,11 +133,10 @@ async def _step(ctx: Any, data: Any, step: int, buffers: list[Any], device: Any)
     checked on a sample of rows, one row appended per layer."""
     from dualblade.bench.decode_walk import walk_layers
 
-    async def use(layer: int, k: Any, v: Any) -> None:
+    async def use(layer: int, k: Any, v: Any) -> tuple[Any, Any]:
         _check(data, "K", layer, k, step)
         _check(data, "V", layer, v, step)
-        await ctx.append(
-            layer,
+        return (
             data.appended_row("K", layer, step).to(device),
             data.appended_row("V", layer, step).to(device),
         )

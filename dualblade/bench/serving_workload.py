@@ -274,11 +274,12 @@ async def _decode_step(
     checked = 0
     device = ctx.store.device
 
-    async def use(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    async def use(
+        layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         nonlocal checked
         checked += data.check("K", spec, layer, k) + data.check("V", spec, layer, v)
-        await ctx.append(
-            layer,
+        return (
             data.appended_row("K", spec, layer, step).to(device),
             data.appended_row("V", spec, layer, step).to(device),
         )

@@ -312,12 +312,13 @@ async def _decode_step(
     """
     checked = 0
 
-    async def use(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    async def use(
+        layer: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         nonlocal checked
         checked += data.check("K", layer, k, verify)
         checked += data.check("V", layer, v, verify)
-        k_row, v_row = new_rows[layer]
-        await ctx.append(layer, k_row, v_row)
+        return new_rows[layer]
 
     await walk_layers(ctx, buffers, use)
     return checked
