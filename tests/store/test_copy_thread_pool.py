@@ -28,9 +28,12 @@ async def test_an_urgent_transfer_goes_before_waiting_others() -> None:
         await anyio.sleep(0.01)  # the prefill's write waits first
         tg.start_soon(lease, "decode", True)
         await anyio.sleep(0.01)
-        for index in held:
-            pool.release(index)
-    assert order == ["decode", "prefill"]
+        pool.release(held.pop())
+        pool.release(held.pop())  # room for one of them: the decode's
+        assert (pool.urgent_leases, pool.other_leases) == (1, 4)
+        pool.release(held.pop())
+        pool.release(held.pop())
+    assert sorted(order) == ["decode", "prefill"]
     assert (pool.urgent_leases, pool.other_leases) == (1, 5)
 
 
@@ -68,3 +71,95 @@ async def test_decode_steps_cannot_starve_a_waiting_prefill() -> None:
     assert order[0].startswith("decode")  # which decode the scheduler wakes first is its own
     assert order[1] == "prefill"
     assert sorted(order) == ["decode-0", "decode-1", "decode-2", "prefill"]
+
+
+async def test_a_transfer_of_k_and_v_is_not_passed_by_later_single_ones() -> None:
+    """Waiters keep their place: one slot free is no room for K and V together, and a single
+    transfer that came later waits behind them instead of taking it (it would, again and
+    again, and K and V would wait for ever)."""
+    pool = CopyThreadPool([object(), object()])  # type: ignore[list-item]
+    held = [index for _ in range(4) for index in await pool.acquire(1)]
+    order: list[str] = []
+
+    async def lease(name: str, count: int) -> None:
+        got = await pool.acquire(count)
+        order.append(name)
+        for index in got:
+            pool.release(index)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lease, "k-and-v", 2)
+        await anyio.wait_all_tasks_blocked()
+        tg.start_soon(lease, "single", 1)
+        await anyio.wait_all_tasks_blocked()
+        pool.release(held.pop())
+        await anyio.wait_all_tasks_blocked()
+        assert order == []  # one slot: not enough for the first in line
+        pool.release(held.pop())
+        await anyio.wait_all_tasks_blocked()
+        assert order == ["k-and-v", "single"]
+    for index in held:
+        pool.release(index)
+
+
+async def test_waiters_go_in_arrival_order_and_only_as_room_frees() -> None:
+    """Hundreds of waiters: each release lets exactly as many go as it makes room for, in the
+    order they came."""
+    pool = CopyThreadPool([object()])  # type: ignore[list-item]
+    held = [index for _ in range(2) for index in await pool.acquire(1)]
+    done: list[int] = []
+    got: dict[int, list[int]] = {}
+
+    async def lease(n: int) -> None:
+        got[n] = await pool.acquire(1, urgent=True)
+        done.append(n)
+
+    async with anyio.create_task_group() as tg:
+        for n in range(300):
+            tg.start_soon(lease, n)
+            await anyio.wait_all_tasks_blocked()
+        pool.release(held.pop())
+        await anyio.wait_all_tasks_blocked()
+        assert done == [0]
+        for n in range(299):
+            pool.release(got[n][0])
+            await anyio.wait_all_tasks_blocked()
+            assert done == list(range(n + 2))
+    pool.release(held.pop())
+    pool.release(got[299][0])
+    assert await pool.acquire(2) == [0, 0]  # everything was given back
+
+
+async def test_a_cancelled_waiter_gives_its_place_and_any_room_back() -> None:
+    pool = CopyThreadPool([object()])  # type: ignore[list-item]
+    held = [index for _ in range(2) for index in await pool.acquire(1)]
+    granted_then_cancelled = anyio.CancelScope()
+
+    async def wait_in(scope: anyio.CancelScope) -> None:
+        """A transfer_all's lease: given back when the holder leaves. Granted and cancelled
+        before it resumes, asyncio raises the cancellation in acquire (which gives the room
+        back itself); trio lets acquire return, and the holder gives it back."""
+        with scope:
+            got = await pool.acquire(2)
+            try:
+                await anyio.sleep_forever()
+            finally:
+                for index in got:
+                    pool.release(index)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_in, granted_then_cancelled)
+        await anyio.wait_all_tasks_blocked()
+        for index in held:  # room for it: granted, then cancelled before it resumes
+            pool.release(index)
+        granted_then_cancelled.cancel()
+    with anyio.fail_after(1):
+        assert len(await pool.acquire(2)) == 2  # its room came back
+
+    before = anyio.CancelScope()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait_in, before)
+        await anyio.wait_all_tasks_blocked()
+        before.cancel()  # cancelled while waiting: it leaves the queue
+    assert not pool._urgent
+    assert not pool._others
