@@ -7,15 +7,16 @@ Two strategies (DESIGN §2, mechanism 3):
 - *Overlap-Cross*: one storage read at a time, so the next thread's read overlaps the previous
   thread's GPU DMA instead of competing with the other reads for the device.
 
-Both are one :class:`OverlapGate` with a different number of storage slots per I/O path. Each
-path has slots of its own: the page-cache path and the direct path are two storage stacks (a
-page-cache hit is a copy out of memory, a direct read a command to the device), and dual places
-a context's layers on both so that their bandwidths add. With one set of slots for both, a step's
-page-cache read waited behind the direct read before it on the same slots, and a step took the
-sum of its two paths' times (docs/bench.md). In ``auto`` mode the
-probe skips decode iteration 1 (cold caches), runs iteration 2 with Intra and iteration 3 with
-Cross, compares their throughput and locks the faster one; a budget change restarts the probe
-at the next iteration.
+Both are one :class:`OverlapGate` with a different number of storage slots per I/O path. Each path
+has slots of its own: the page-cache path and the direct path are two storage stacks (a page-cache
+hit is a copy out of memory, a direct read a command to the device), and dual places a context's
+layers on both so that their bandwidths add. With one set of slots for both, a step's page-cache
+read waited behind the direct read before it on the same slots, and a step took the sum of its two
+paths' times (docs/bench.md).
+
+In ``auto`` mode the probe skips decode iteration 1 (cold caches), runs iteration 2 with Intra and
+iteration 3 with Cross, compares their throughput and locks the faster one; a budget change restarts
+the probe at the next iteration.
 """
 
 from __future__ import annotations
