@@ -26,9 +26,20 @@ def fio_path() -> str | None:
 
 
 def run_fio(
-    path: str, op: str, size: int, block_size: int, queue_depth: int, *, direct: bool = True
+    path: str,
+    op: str,
+    size: int,
+    block_size: int,
+    queue_depth: int,
+    *,
+    direct: bool = True,
+    passthrough: bool = False,
 ) -> FioResult:
     """Run one sequential fio job (io_uring engine, fixed buffers) and parse its JSON.
+
+    ``passthrough``: ``path`` is an NVMe generic char device (``/dev/ngXnY``), driven as our
+    passthrough path drives it: fio's ``io_uring_cmd`` engine sends NVMe read and write commands
+    through the ring, with no block layer and no page cache (``direct`` does not apply).
 
     Raises:
         DualbladeError: fio is missing or failed; the message carries fio's stderr.
@@ -44,8 +55,11 @@ def run_fio(
         f"--bs={block_size}",
         f"--size={size}",
         f"--iodepth={queue_depth}",
-        f"--direct={int(direct)}",
-        "--ioengine=io_uring",
+        *(
+            ("--ioengine=io_uring_cmd", "--cmd_type=nvme")
+            if passthrough
+            else (f"--direct={int(direct)}", "--ioengine=io_uring")
+        ),
         "--fixedbufs=1",
         "--thread=1",
         "--output-format=json",

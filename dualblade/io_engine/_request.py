@@ -57,6 +57,7 @@ class IORequest:
         "length",
         "notify",
         "offset",
+        "op_name",
         "retries",
         "submitted",
         "target",
@@ -75,6 +76,7 @@ class IORequest:
     ) -> None:
         self.kind = kind
         self.is_write = kind is Kind.WRITE  # read per chunk on the hot path
+        self.op_name: str = kind.value  # an enum's ``.value`` is a property call, per chunk
         self.target = target
         self.buffer = buffer
         self.buf_offset = buf_offset
@@ -129,7 +131,7 @@ class IORequest:
             if transferred == 0:
                 self.error = IOFailedError(
                     self.target.name,
-                    self.kind.value,
+                    self.op_name,
                     self.offset + rel,
                     size,
                     detail="unexpected end of target (0 bytes transferred)",

@@ -306,7 +306,7 @@ class Ring:
         if self.observer is not None:
             self.observer(
                 request.target.name,
-                request.kind.value,
+                request.op_name,
                 request.offset + rel,
                 size,
                 submitted,
@@ -318,7 +318,7 @@ class Ring:
             return
         try:
             transferred = request.target.transferred(
-                request.kind.value, res, size, request.offset + rel, extra
+                request.op_name, res, size, request.offset + rel, extra
             )
         except BaseException as error:
             request.chunk_failed(error)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dualblade.io_engine import _uapi, nvme
+from dualblade.io_engine import _uapi, nvme, opcodes
 from dualblade.io_engine.errors import IOFailedError
 from dualblade.io_engine.targets.nvme_namespace import NvmeNamespace
 
@@ -128,3 +128,33 @@ def test_namespace_maps_completions_to_our_errors() -> None:
     with pytest.raises(IOFailedError, match="EINVAL") as info2:
         ns.transferred("write", -22, 1 << 20, 0, 0)
     assert info2.value.errno == 22
+
+
+@given(
+    slba=st.integers(0, (1 << 48) - 1),
+    nlb=st.integers(1, 1 << 16),
+    write=st.booleans(),
+    user_data=st.integers(0, (1 << 64) - 1),
+)
+def test_packed_io_command_fills_the_same_sqe_as_the_ctypes_one(
+    slba: int, nlb: int, write: bool, user_data: int
+) -> None:
+    """The ring's fast NVMe command and the ctypes reference write identical 128-byte SQEs."""
+    opcode = nvme.NVME_CMD_WRITE if write else nvme.NVME_CMD_READ
+    addr, data_len = 0x7F12_3456_7000, nlb * 512
+    reference = opcodes.UringCmd(
+        5, _uapi.NVME_URING_CMD_IO, bytes(nvme.io_command(opcode, 3, slba, nlb, addr, data_len))
+    )
+    packed = opcodes.NvmeIo(5, opcode, 3, slba, nlb, addr, data_len)
+    want, got = (ctypes.c_char * 128)(), (ctypes.c_char * 128)()
+    ctypes.memset(got, 0xAB, 128)  # the fast path must not leave stale bytes behind
+    reference.build(None, ctypes.addressof(want), user_data)  # type: ignore[arg-type]
+    packed.build(None, ctypes.addressof(got), user_data)  # type: ignore[arg-type]
+    assert bytes(got) == bytes(want)
+    assert packed.payload == reference.payload
+
+
+def test_namespace_refuses_commands_it_cannot_encode() -> None:
+    ns = _fake_namespace(512)
+    with pytest.raises(ValueError, match=r"1\.\.65536"):
+        ns.io_op(False, 0x7000, (1 << 16) * 512 + 512, 0, None)

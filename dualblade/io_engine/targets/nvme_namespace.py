@@ -112,15 +112,18 @@ class NvmeNamespace(Target):
     def io_op(
         self, write: bool, address: int, length: int, offset: int, buf_index: int | None
     ) -> opcodes.Op:
-        cmd = nvme.io_command(
+        blocks = length // self.lba_size
+        if not 1 <= blocks <= nvme.MAX_BLOCKS_PER_COMMAND or offset < 0:
+            raise ValueError(f"an NVMe I/O command moves 1..65536 blocks at LBA >= 0: {blocks}")
+        return opcodes.NvmeIo(
+            self.fd,
             nvme.NVME_CMD_WRITE if write else nvme.NVME_CMD_READ,
             self.nsid,
             offset // self.lba_size,
-            length // self.lba_size,
+            blocks,
             address,
             length,
         )
-        return opcodes.UringCmd(self.fd, _uapi.NVME_URING_CMD_IO, bytes(cmd))
 
     def trim_op(self, offset: int, length: int) -> opcodes.Op:
         ranges = nvme.dsm_ranges(nvme.split_dsm(offset // self.lba_size, length // self.lba_size))
