@@ -34,7 +34,6 @@ from dualblade.actors.copy_messages import TransferStats as TransferStats
 from dualblade.actors.copy_thread import CopyThreadActor as CopyThreadActor
 from dualblade.actors.gpu_dma import Copy as Copy
 from dualblade.actors.gpu_dma import GpuDmaActor as GpuDmaActor
-from dualblade.actors.landing import lands_directly as lands_directly
 from dualblade.actors.spans import DirectSpan as DirectSpan
 from dualblade.actors.spans import MmapSpan as MmapSpan
 from dualblade.actors.spans import PageCacheSpan as PageCacheSpan

@@ -32,7 +32,6 @@ from dualblade.actors.copy_messages import (
     TransferStats,
 )
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
-from dualblade.actors.landing import landing_of, lands_directly
 from dualblade.actors.strategy_probe import OverlapGate
 from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import AlignedBuffer
@@ -91,8 +90,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.bytes_stored = 0
         self._ranges = RangeLocks()
         self.piece_bytes = CUDA_PIECE_BYTES if dma.cuda else PIECE_BYTES
-        # Two transfers through the buffer at a time: the tail of one overlaps the head of the
-        # next. (Loads that land in the caller's memory do not use the buffer: no slot.)
+        # Two transfers at a time: the tail of one overlaps the head of the next.
         self._slots = anyio.Semaphore(2)
         self._task_group: TaskGroup | None = None
 
@@ -150,19 +148,13 @@ class CopyThreadActor(Actor[CopyMessage]):
         return out
 
     async def handle(self, message: CopyMessage) -> None:
-        """Start the transfer and return: the next message may begin while this one ends.
-
-        A transfer through the buffer waits for one of its two slots; a load that lands in the
-        caller's memory needs none (see :func:`lands_directly`).
-        """
+        """Start the transfer and return: the next message may begin while this one ends."""
         self._check(message.span, message.view)
-        buffered = not lands_directly(message, cuda=self.dma.cuda)
-        if buffered:
-            await self._slots.acquire()
+        await self._slots.acquire()
         assert self._task_group is not None
-        self._task_group.start_soon(self._transfer, message, buffered)
+        self._task_group.start_soon(self._transfer, message)
 
-    async def _transfer(self, message: CopyMessage, buffered: bool) -> None:
+    async def _transfer(self, message: CopyMessage) -> None:
         try:
             await self._run_transfer(message)
         except DualbladeError as error:  # a failed I/O belongs to the context that asked
@@ -173,8 +165,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             message.reply.fail(ActorStoppedError(f"{self.name} stopped: {error!r}"))
             raise
         finally:
-            if buffered:
-                self._slots.release()
+            self._slots.release()
 
     async def _run_transfer(self, message: CopyMessage) -> None:
         span = message.span
@@ -221,11 +212,28 @@ class CopyThreadActor(Actor[CopyMessage]):
         message.reply.set(stats)
 
     def _landing(self, message: CopyMessage) -> tuple[StorageSpan, AlignedBuffer] | None:
-        return landing_of(message, cuda=self.dma.cuda)
+        """The span moved into the caller's aligned memory, if a load can land there directly.
+
+        Only without CUDA (with a GPU the pinned buffer is the DMA's source: Co-DMA), only for
+        unpadded rows (the caller's tensor has no gaps between rows), and only where the
+        destination sits in the landing memory exactly where the span puts its rows.
+        """
+        if self.dma.cuda or not isinstance(message, Load) or message.landing is None:
+            return None
+        landing, view, span = message.landing, message.view, message.span
+        start = landing.offset + span.buffer_offset
+        if (
+            view.row_stride != view.row_bytes
+            or not message.destination.is_contiguous()
+            or message.destination.data_ptr() != landing.buffer.address + start
+            or start + span.nbytes > landing.buffer.size
+        ):
+            return None
+        return span.at(start), landing.buffer
 
     async def _land(self, span: StorageSpan, memory: AlignedBuffer) -> float:
         """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate."""
-        async with self.gate.holding(span.path, span.nbytes):
+        async with self.gate.limiter_for(span.path):
             with self.tracer.span(self.name, f"land {span.label}", bytes=span.nbytes):
                 await span.read_into(memory)
         return time.perf_counter()
@@ -253,7 +261,7 @@ class CopyThreadActor(Actor[CopyMessage]):
     async def _host_transfer(self, message: CopyMessage, host: torch.Tensor) -> float:
         """Storage <-> the caller's host tensor, holding a storage slot of the overlap gate."""
         span: Any = message.span
-        async with self.gate.holding(span.path, span.nbytes):
+        async with self.gate.limiter_for(span.path):
             with self.tracer.span(self.name, f"host {span.label}", bytes=span.nbytes):
                 if isinstance(message, Load):
                     await span.read_to_host(host)
@@ -274,9 +282,8 @@ class CopyThreadActor(Actor[CopyMessage]):
         """
         pieces = self._pieces(message.span, message.view)
         token = object()
-        limiter = self.gate.slot_for(message.span.path, message.span.nbytes)
-        if limiter is not None:
-            await limiter.acquire_on_behalf_of(token)
+        limiter = self.gate.limiter_for(message.span.path)
+        await limiter.acquire_on_behalf_of(token)
         reads_left = len(pieces)
         storage_done = time.perf_counter()
 
@@ -284,8 +291,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             nonlocal reads_left, storage_done
             reads_left -= 1
             if reads_left == 0:
-                if limiter is not None:
-                    limiter.release_on_behalf_of(token)
+                limiter.release_on_behalf_of(token)
                 storage_done = time.perf_counter()
 
         async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice) -> None:
@@ -320,7 +326,7 @@ class CopyThreadActor(Actor[CopyMessage]):
                         for sub_span, sub_view, rows in pieces:
                             tg.start_soon(piece, sub_span, sub_view, rows)
         finally:
-            if reads_left > 0 and limiter is not None:  # a piece never started: free the slot
+            if reads_left > 0:  # a piece never started: do not leak the storage slot
                 limiter.release_on_behalf_of(token)
         return storage_done
 
@@ -328,10 +334,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         """Device -> pinned -> storage, piece by piece: a piece's write overlaps later DMAs."""
         pieces = self._pieces(message.span, message.view)
         with plain_errors():
-            async with (
-                self.gate.holding(message.span.path, message.span.nbytes),
-                anyio.create_task_group() as tg,
-            ):
+            async with self.gate.limiter_for(message.span.path), anyio.create_task_group() as tg:
                 for sub_span, sub_view, rows in pieces:
                     region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
                     await self._ranges.acquire(*region)

@@ -21,8 +21,6 @@ the probe at the next iteration.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -36,11 +34,6 @@ StrategyName = Literal["intra", "cross"]
 ProbeMode = Literal["auto", "intra", "cross"]
 
 _log = get_logger(__name__)
-
-
-#: Storage transfers of at most this many bytes (an appended row; one chunk) take no slot of
-#: the overlap gate (see :meth:`OverlapGate.slot_for`).
-SMALL_TRANSFER_BYTES = 1 << 20
 
 
 class OverlapGate:
@@ -70,27 +63,6 @@ class OverlapGate:
         if limiter is None:
             limiter = self._limiters[path] = anyio.CapacityLimiter(self.slots)
         return limiter
-
-    def slot_for(self, path: str, nbytes: int) -> anyio.CapacityLimiter | None:
-        """The limiter a transfer of ``nbytes`` on ``path`` holds a token of, or None for a
-        small one (at most :data:`SMALL_TRANSFER_BYTES`), which takes no slot.
-
-        A decode step appends one row per layer behind its reads: a few KiB. Queued at the
-        slots, each append of a direct layer held the next direct layer's reads behind it, a
-        gap of 4-6 ms per layer (a quarter of the layer's read) on the disk here; a row barely
-        touches the disk's bandwidth, so it goes past the slots.
-        """
-        return None if nbytes <= SMALL_TRANSFER_BYTES else self.limiter_for(path)
-
-    @contextlib.asynccontextmanager
-    async def holding(self, path: str, nbytes: int) -> AsyncIterator[None]:
-        """Hold the slot :meth:`slot_for` names around the body (none for a small transfer)."""
-        limiter = self.slot_for(path, nbytes)
-        if limiter is None:
-            yield
-            return
-        async with limiter:
-            yield
 
 
 @dataclass(frozen=True)

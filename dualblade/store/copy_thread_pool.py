@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from dualblade.actors import CopyThreadActor, Load, Reply, Store, TransferStats, lands_directly
+from dualblade.actors import CopyThreadActor, Load, Reply, Store, TransferStats
 
 
 @dataclass(eq=False)
@@ -25,8 +25,7 @@ class CopyThreadPool:
 
     A copy thread overlaps the tail of one transfer with the head of the next inside its one
     buffer (see :mod:`dualblade.actors.copy_thread`), so each may hold two; a transfer waits
-    while every thread holds two. A load that lands straight in the caller's memory uses no
-    buffer and takes no lease: only the overlap gate's storage slots bound it.
+    while every thread holds two.
 
     Urgent transfers (a decode step's reads and appends: a token waits on them) go first:
     while one waits, no other transfer (a prefill's writes, a layer move) gets a thread. But not
@@ -122,19 +121,10 @@ class CopyThreadPool:
         to settle before it leaves (see ``KVContext._both``). The first error is raised.
         ``urgent`` ones (a decode step's) get threads before the others.
         """
-        cuda = self.threads[0].dma.cuda
-        buffered = [not lands_directly(m, cuda=cuda) for m in messages]
-        leases = await self.acquire(sum(buffered), urgent=urgent) if any(buffered) else []
-        # A load that lands in the caller's memory takes no lease (it needs no buffer room:
-        # see ``lands_directly``); it goes to the least busy thread.
-        threads = iter(leases)
+        leases = await self.acquire(len(messages), urgent=urgent)
         accepted: list[Reply[TransferStats]] = []
         try:
-            for message, uses_buffer in zip(messages, buffered, strict=True):
-                if uses_buffer:
-                    index = next(threads)
-                else:
-                    index = min(range(len(self.threads)), key=self._busy.__getitem__)
+            for message, index in zip(messages, leases, strict=True):
                 await self.threads[index].send(message)
                 accepted.append(message.reply)
             return [await reply.wait() for reply in accepted]

@@ -20,7 +20,6 @@ from dualblade.actors import (
     Store,
     TransferStats,
     copy_thread,
-    strategy_probe,
 )
 from dualblade.actors.spans import DirectSpan, PathCounters
 from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
@@ -202,27 +201,3 @@ async def test_failed_storage_read_fails_only_that_request(rig):
     again = torch.empty_like(source)
     await rig.move("load", 0, again)
     assert torch.equal(again, source)
-
-
-async def test_a_small_store_goes_past_the_storage_slots(rig, monkeypatch):
-    """An appended row takes no storage slot of the overlap gate; a large load waits for one."""
-    monkeypatch.setattr(strategy_probe, "SMALL_TRANSFER_BYTES", 2 * STRIDE)
-    source = data(ROWS, 9)
-    await rig.move("store", 0, source)
-    limiter = rig.thread.gate.limiter_for("direct")
-    await limiter.acquire()  # the gate's only direct slot, held by someone else
-    try:
-        row = data(2, 10)
-        with anyio.fail_after(5):
-            await rig.move("store", ROWS - 2, row)  # two rows: small, no slot needed
-        destination = torch.empty_like(source)
-        with anyio.move_on_after(0.3) as waited:
-            await rig.move("load", 0, destination)
-        assert waited.cancelled_caught, "a large load ran without a storage slot"
-    finally:
-        limiter.release()
-    destination = torch.empty_like(source)
-    with anyio.fail_after(5):
-        await rig.move("load", 0, destination)
-    assert torch.equal(destination[: ROWS - 2], source[: ROWS - 2])
-    assert torch.equal(destination[ROWS - 2 :], row)

@@ -9,7 +9,6 @@ import pytest
 
 from dualblade.actors import OverlapGate, Reply, StrategyProbeActor
 from dualblade.actors.strategy_probe import (
-    SMALL_TRANSFER_BYTES,
     BudgetChanged,
     GetStrategy,
     IterationEnd,
@@ -204,10 +203,3 @@ async def test_probe_sets_the_gate_seen_by_copy_threads(running):
     await driver.end(3, 10.0)
     await driver.state()
     assert gate.limiter_for("direct").total_tokens == 3  # Intra won
-
-
-def test_small_transfers_take_no_storage_slot() -> None:
-    gate = OverlapGate(copy_threads=2)
-    assert gate.slot_for("direct", SMALL_TRANSFER_BYTES) is None
-    assert gate.slot_for("direct", SMALL_TRANSFER_BYTES + 1) is gate.limiter_for("direct")
-    assert gate.slot_for("page-cache", 64 << 20) is gate.limiter_for("page-cache")
