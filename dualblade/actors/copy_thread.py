@@ -15,6 +15,7 @@ buffer. Storage transfers are done holding one slot of the shared
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -64,6 +65,9 @@ class CopyThreadActor(Actor[CopyMessage]):
             for CUDA by the runtime).
         dma: the GPU-DMA actor.
         gate: the overlap gate shared by all copy threads.
+        images: KPU images the buffer holds. With two, the thread reads the next KPU into one
+            while the GPU copies the last one out of the other; with one, a KPU's read waits
+            for the previous KPU's DMA to leave the buffer.
     """
 
     def __init__(
@@ -73,8 +77,11 @@ class CopyThreadActor(Actor[CopyMessage]):
         dma: GpuDmaActor,
         gate: OverlapGate,
         *,
+        images: int = 1,
         tracer: Tracer = NULL_TRACER,
     ) -> None:
+        if images not in (1, 2):  # before the actor's mailbox exists
+            raise ValueError(f"a copy thread's buffer holds 1 or 2 KPU images, not {images}")
         super().__init__(f"copy-thread-{index}", tracer=tracer)
         self.index = index
         self.buffer = buffer
@@ -90,8 +97,11 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.bytes_stored = 0
         self._ranges = RangeLocks()
         self.piece_bytes = CUDA_PIECE_BYTES if dma.cuda else PIECE_BYTES
-        # Two transfers at a time: the tail of one overlaps the head of the next.
+        self.image_bytes = buffer.size // images
+        # Two transfers at a time: the tail of one overlaps the head of the next. With two
+        # images each has one of its own; with one they share it, ordered by the range locks.
         self._slots = anyio.Semaphore(2)
+        self._free_images = list(range(images))
         self._task_group: TaskGroup | None = None
 
     def _bytes(self) -> torch.Tensor:
@@ -126,7 +136,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         assert span.buffer_offset == view.offset, "span and view must start at the same row"
         assert span.nbytes == view.rows * view.row_stride, "span and view must cover the same rows"
         end = view.offset + view.rows * view.row_stride
-        assert end <= self.buffer.size, f"{span.label} overruns copy thread {self.index}'s buffer"
+        assert end <= self.image_bytes, f"{span.label} overruns copy thread {self.index}'s buffer"
 
     def _pieces(self, span: StorageSpan, view: RowView) -> list[tuple[StorageSpan, RowView, slice]]:
         """Row-aligned pieces of about :attr:`piece_bytes`, in order."""
@@ -152,11 +162,17 @@ class CopyThreadActor(Actor[CopyMessage]):
         self._check(message.span, message.view)
         await self._slots.acquire()
         assert self._task_group is not None
-        self._task_group.start_soon(self._transfer, message)
+        image = self._free_images.pop() if self._images_owned else 0
+        self._task_group.start_soon(self._transfer, message, image)
 
-    async def _transfer(self, message: CopyMessage) -> None:
+    @property
+    def _images_owned(self) -> bool:
+        """Whether each transfer in flight has an image of its own (the buffer holds two)."""
+        return self.image_bytes < self.buffer.size
+
+    async def _transfer(self, message: CopyMessage, image: int) -> None:
         try:
-            await self._run_transfer(message)
+            await self._run_transfer(message, image * self.image_bytes)
         except DualbladeError as error:  # a failed I/O belongs to the context that asked
             message.reply.fail(error)
         except BaseException as error:
@@ -165,9 +181,11 @@ class CopyThreadActor(Actor[CopyMessage]):
             message.reply.fail(ActorStoppedError(f"{self.name} stopped: {error!r}"))
             raise
         finally:
+            if self._images_owned:
+                self._free_images.append(image)
             self._slots.release()
 
-    async def _run_transfer(self, message: CopyMessage) -> None:
+    async def _run_transfer(self, message: CopyMessage, image_base: int) -> None:
         span = message.span
         start = time.perf_counter()
         with self.tracer.span(
@@ -183,10 +201,12 @@ class CopyThreadActor(Actor[CopyMessage]):
                 storage_done = await self._land(*landing)
             elif (host := self._host_tensor(message)) is not None:
                 storage_done = await self._host_transfer(message, host)
-            elif isinstance(message, Load):
-                storage_done = await self._load(message)
-            else:
-                storage_done = await self._store(message)
+            else:  # through the pinned buffer, in this transfer's image of it
+                message = _in_image(message, image_base)
+                if isinstance(message, Load):
+                    storage_done = await self._load(message)
+                else:
+                    storage_done = await self._store(message)
             if isinstance(message, Load):
                 self.bytes_loaded += span.nbytes
             else:
@@ -195,7 +215,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         if host is not None:  # storage moved the caller's own bytes; no DMA side
             io_address = dma_address = host.data_ptr()
         else:
-            io_address = self.buffer.address + span.buffer_offset
+            io_address = self.buffer.address + message.span.buffer_offset
             dma_address = self.buffer.address + message.view.offset
         stats = TransferStats(
             nbytes=span.nbytes,
@@ -363,3 +383,12 @@ class CopyThreadActor(Actor[CopyMessage]):
     ) -> None:
         reply: Reply[int] = Reply()
         await self.dma.ask(Copy(source, destination, direction, label, reply), reply)
+
+
+def _in_image(message: CopyMessage, base: int) -> CopyMessage:
+    """``message`` moved ``base`` bytes into its copy thread's buffer (its second image)."""
+    if base == 0:
+        return message
+    span = message.span.at(message.span.buffer_offset + base)
+    view = replace(message.view, offset=message.view.offset + base)
+    return replace(message, span=span, view=view)

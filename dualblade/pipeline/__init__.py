@@ -71,6 +71,7 @@ from dualblade.pipeline.planner import budget_for as budget_for
 from dualblade.pipeline.planner import layer_page_cache_bytes as layer_page_cache_bytes
 from dualblade.pipeline.planner import make_plan as make_plan
 from dualblade.pipeline.planner import pin_bytes as pin_bytes
+from dualblade.pipeline.planner import pin_images_for as pin_images_for
 from dualblade.pipeline.planner import tensor_layout as tensor_layout
 from dualblade.pipeline.shapes import DTYPE_BYTES as DTYPE_BYTES
 from dualblade.pipeline.shapes import PRESETS as PRESETS

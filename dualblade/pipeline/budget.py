@@ -64,11 +64,14 @@ class PageCacheBudget:
     #: Of the pinned reservation, the bytes already allocated when the limit was read, and so
     #: already inside ``in_use_bytes``: they are not subtracted a second time.
     pinned_in_use_bytes: int = 0
+    #: KPU images per copy thread's buffer: 2 on CUDA, where a thread reads the next KPU into
+    #: one image while the GPU copies the last one out of the other.
+    pin_images: int = 1
 
     @property
     def pinned_reservation_bytes(self) -> int:
-        """``N_threads × M_pin``: the fixed DRAM cost of Co-DMA the paper admits."""
-        return self.copy_threads * self.pin_bytes
+        """``N_threads × images × M_pin``: the fixed DRAM cost of Co-DMA the paper admits."""
+        return self.copy_threads * self.pin_images * self.pin_bytes
 
     @property
     def pinned_still_reserved_bytes(self) -> int:
@@ -86,7 +89,9 @@ class PageCacheBudget:
                 BudgetTerm(
                     "- pinned reservation",
                     self.pinned_still_reserved_bytes,
-                    f"{self.copy_threads} threads × M_pin {self.pin_bytes} B"
+                    f"{self.copy_threads} threads × "
+                    + (f"{self.pin_images} images × " if self.pin_images > 1 else "")
+                    + f"M_pin {self.pin_bytes} B"
                     + (
                         f", {self.pinned_in_use_bytes} B of it counted in use already"
                         if self.pinned_in_use_bytes
@@ -114,6 +119,7 @@ class PageCacheBudget:
             "pinned_reservation_bytes": self.pinned_reservation_bytes,
             "pinned_in_use_bytes": self.pinned_in_use_bytes,
             "pin_bytes": self.pin_bytes,
+            "pin_images": self.pin_images,
             "copy_threads": self.copy_threads,
             "safety_margin_bytes": self.safety_margin_bytes,
             "knob_x_requested_bytes": self.knob_x_requested_bytes,
@@ -150,15 +156,18 @@ def derive_budget(
     safety_fraction: float,
     knob_x: int | None = None,
     pinned_in_use: int = 0,
+    pin_images: int = 1,
 ) -> PageCacheBudget:
-    """``B_pc = max(0, limit - in_use - copy_threads * pin_bytes - margin)`` and ``X`` in it.
+    """``B_pc = max(0, limit - in_use - copy_threads * pin_images * pin_bytes - margin)`` and
+    ``X`` in it.
 
     ``pinned_in_use``: pinned bytes already allocated and counted in ``limit.in_use_bytes``
     (a running store reads its limit after allocating its buffers); only the rest of the
     reservation is subtracted, so the pinned memory is counted once.
     """
     margin = max(safety_margin, int(safety_fraction * limit.limit_bytes))
-    pinned = max(0, copy_threads * pin_bytes - pinned_in_use)
+    reservation = copy_threads * pin_images * pin_bytes
+    pinned = max(0, reservation - pinned_in_use)
     budget = max(0, limit.limit_bytes - limit.in_use_bytes - pinned - margin)
     return PageCacheBudget(
         page_cache_bytes=budget,
@@ -170,12 +179,18 @@ def derive_budget(
         copy_threads=copy_threads,
         safety_margin_bytes=margin,
         knob_x_requested_bytes=knob_x,
-        pinned_in_use_bytes=min(pinned_in_use, copy_threads * pin_bytes),
+        pinned_in_use_bytes=min(pinned_in_use, reservation),
+        pin_images=pin_images,
     )
 
 
 def fixed_budget(
-    page_cache_bytes: int, *, pin_bytes: int, copy_threads: int, knob_x: int | None = None
+    page_cache_bytes: int,
+    *,
+    pin_bytes: int,
+    copy_threads: int,
+    knob_x: int | None = None,
+    pin_images: int = 1,
 ) -> PageCacheBudget:
     """A budget the config states outright (``memory.page_cache_budget``): no derivation."""
     return PageCacheBudget(
@@ -188,4 +203,5 @@ def fixed_budget(
         copy_threads=copy_threads,
         safety_margin_bytes=0,
         knob_x_requested_bytes=knob_x,
+        pin_images=pin_images,
     )

@@ -99,6 +99,18 @@ def pin_bytes(config: PipelineConfig) -> int:
     return round_up(tensor_layout(config).image_bytes, PAGE_SIZE)
 
 
+def pin_images_for(device_type: str) -> int:
+    """KPU images per copy thread's pinned buffer on a device of this type.
+
+    On CUDA a KPU leaves the buffer by a GPU copy that is answered a few hundred microseconds
+    after the read: with one image the next read waits that long, with two it goes on in the
+    other image (the H200 machine's pipebench: see docs/pipeline-profile.md). On the host path
+    direct loads land in the caller's read buffers and the pinned buffer only stages stores and
+    unaligned loads: a second image would be memory taken from the page cache for nothing.
+    """
+    return 2 if device_type == "cuda" else 1
+
+
 def layer_page_cache_bytes(config: PipelineConfig) -> list[int]:
     """Each layer's page-cache footprint: K and V payloads, each rounded up to pages."""
     shape = config.shape()
@@ -112,6 +124,7 @@ def budget_for(
     root: Path = Path("/"),
     *,
     pinned_in_use: int = 0,
+    pin_images: int = 1,
 ) -> PageCacheBudget:
     """The page-cache budget, from the first of: ``memory_limit`` (e.g. ``--memory-limit``),
     ``memory.page_cache_budget``, ``memory.limit``, or the limits discovered under ``root``.
@@ -119,6 +132,7 @@ def budget_for(
     ``pinned_in_use``: the pinned buffers' bytes already allocated by the caller (a running
     store). Discovered limits count them in use already, so they are not reserved again; a
     stated limit counts nothing in use, so the whole reservation is subtracted from it.
+    ``pin_images``: KPU images per copy thread's buffer (see :func:`pin_images_for`).
 
     Raises:
         MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
@@ -131,6 +145,7 @@ def budget_for(
             pin_bytes=pin,
             copy_threads=config.copy_threads,
             knob_x=memory.knob_x,
+            pin_images=pin_images,
         )
     stated = memory_limit if memory_limit is not None else memory.limit
     limit = (
@@ -144,6 +159,7 @@ def budget_for(
         safety_margin=memory.safety_margin,
         safety_fraction=memory.safety_fraction,
         knob_x=memory.knob_x,
+        pin_images=pin_images,
     )
 
 

@@ -45,6 +45,7 @@ from dualblade.pipeline import (
     budget_for,
     make_plan,
     pin_bytes,
+    pin_images_for,
 )
 from dualblade.store.copy_thread_pool import CopyThreadPool
 from dualblade.store.direct_target import open_direct_target
@@ -143,11 +144,11 @@ async def _sample_loop(runtime: Runtime) -> None:
 
 
 def _budget_reader(
-    config: PipelineConfig, memory_limit: int | None, pinned_in_use: int = 0
+    config: PipelineConfig, memory_limit: int | None, pinned_in_use: int = 0, pin_images: int = 1
 ) -> Budget:
     """The budget now; ``pinned_in_use``: the copy threads' buffers, allocated already (a
     discovered limit counts them in use, so the plan must not reserve them again)."""
-    derived = budget_for(config, memory_limit, pinned_in_use=pinned_in_use)
+    derived = budget_for(config, memory_limit, pinned_in_use=pinned_in_use, pin_images=pin_images)
     return Budget(
         page_cache_bytes=derived.page_cache_bytes,
         limit_bytes=derived.limit_bytes,
@@ -206,8 +207,9 @@ async def start_runtime(
         reclaimed = await reclaim_predecessors(
             engine, direct, first_lba, n_blocks, folder.path.parent
         )
+        images = pin_images_for(device.type)
         pin = pin_bytes(config)
-        buffers = [AlignedBuffer(pin) for _ in range(config.copy_threads)]
+        buffers = [AlignedBuffer(images * pin) for _ in range(config.copy_threads)]
         if engine.kind == "io_uring" and not direct.passthrough:
             engine.register_buffers(buffers)
         if device.type == "cuda":
@@ -230,7 +232,7 @@ async def start_runtime(
             file_factory=page_cache_file,
         )
         budgeter = BudgeterActor(
-            lambda: _budget_reader(config, memory_limit, sum(b.size for b in buffers)),
+            lambda: _budget_reader(config, memory_limit, sum(b.size for b in buffers), images),
             interval=0 if fixed else budget_interval,
             tracer=tracer,
         )
@@ -238,7 +240,8 @@ async def start_runtime(
         gate = OverlapGate(config.copy_threads)
         probe = StrategyProbeActor(gate, config.strategy, tracer=tracer)
         threads = [
-            CopyThreadActor(i, buffer, dma, gate, tracer=tracer) for i, buffer in enumerate(buffers)
+            CopyThreadActor(i, buffer, dma, gate, images=images, tracer=tracer)
+            for i, buffer in enumerate(buffers)
         ]
         actors: list[Actor[Any]] = [budgeter, binder, dma, probe, *threads]
         # An error of the owner's body (or of one actor) leaves as itself, so that callers and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -65,14 +66,13 @@ class Rig:
         return await self.thread.ask(message, reply)
 
 
-@pytest.fixture
-async def rig(tmp_path, monkeypatch) -> AsyncIterator[Rig]:
-    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 5 * STRIDE)  # 5-row pieces
+@contextlib.asynccontextmanager
+async def make_rig(tmp_path, images: int = 1) -> AsyncIterator[Rig]:
     preads: list[tuple[int, int]] = []
     with (
         IOEngine(queue_depth=8, max_chunk=64 << 10) as engine,
         DirectFile(tmp_path / "direct.kv", ROWS * STRIDE) as target,
-        AlignedBuffer(ROWS * STRIDE) as buffer,
+        AlignedBuffer(images * ROWS * STRIDE) as buffer,
     ):
         real_pread = engine.pread
 
@@ -82,13 +82,20 @@ async def rig(tmp_path, monkeypatch) -> AsyncIterator[Rig]:
 
         engine.pread = spy_pread  # type: ignore[method-assign]
         dma = GpuDmaActor(torch.device("cpu"))
-        thread = CopyThreadActor(0, buffer, dma, OverlapGate(1))
+        thread = CopyThreadActor(0, buffer, dma, OverlapGate(1), images=images)
         async with anyio.create_task_group() as tg:
             await tg.start(dma.run)
             await tg.start(thread.run)
             yield Rig(thread, dma, engine, target, buffer, PathCounters(), preads)
             thread.close()
             dma.close()
+
+
+@pytest.fixture
+async def rig(tmp_path, monkeypatch) -> AsyncIterator[Rig]:
+    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 5 * STRIDE)  # 5-row pieces
+    async with make_rig(tmp_path) as made:
+        yield made
 
 
 def data(rows: int, seed: int) -> torch.Tensor:
@@ -201,3 +208,40 @@ async def test_failed_storage_read_fails_only_that_request(rig):
     again = torch.empty_like(source)
     await rig.move("load", 0, again)
     assert torch.equal(again, source)
+
+
+async def test_two_images_let_two_transfers_use_the_buffer_at_once(tmp_path):
+    """With two KPU images a thread's second transfer reads into the other one, not after the
+    first has left the buffer; every byte still arrives where it belongs."""
+    image = ROWS * STRIDE
+    async with make_rig(tmp_path, images=2) as two:
+        source = data(ROWS, 6)
+        stored = await two.move("store", 0, source)
+        out = [torch.empty_like(source) for _ in range(2)]
+        loads: list[TransferStats] = []
+
+        async def load(destination: torch.Tensor) -> None:
+            loads.append(await two.move("load", 0, destination))
+
+        async with anyio.create_task_group() as tg:
+            for destination in out:
+                tg.start_soon(load, destination)
+        assert all(torch.equal(destination, source) for destination in out)
+        bases = sorted(stats.io_buffer_address - two.buffer.address for stats in loads)
+        assert bases == [0, image]  # one image each, at the same time
+        assert all(stats.io_buffer_address == stats.dma_host_address for stats in loads)
+        assert stored.io_buffer_address in (two.buffer.address, two.buffer.address + image)
+        # A slice lands at its rows' place inside whichever image it got.
+        part = torch.empty((9, BATCH, WIDTH), dtype=torch.bfloat16)
+        stats = await two.move("load", 7, part)
+        assert torch.equal(part, source[7:16])
+        assert (stats.io_buffer_address - two.buffer.address) % image == 7 * STRIDE
+        assert two.thread._ranges.held == []
+        assert sorted(two.thread._free_images) == [0, 1]
+
+
+def test_a_buffer_holds_one_or_two_images():
+    dma = GpuDmaActor(torch.device("cpu"))
+    with AlignedBuffer(ROWS * STRIDE) as buffer, pytest.raises(ValueError, match="1 or 2"):
+        CopyThreadActor(0, buffer, dma, OverlapGate(1), images=3)
+    dma.close()

@@ -140,3 +140,38 @@ def test_a_stated_limit_reserves_the_pinned_buffers_whatever_is_allocated(tmp_pa
     stated = budget_for(config, 1 * GIB, pinned_in_use=1 * MIB)
     assert stated.pinned_in_use_bytes == 0  # nothing of the process is in a stated limit
     assert stated.pinned_still_reserved_bytes == stated.pinned_reservation_bytes
+
+
+def test_two_images_per_buffer_are_reserved_twice(tmp_path):
+    """On CUDA each copy thread's buffer holds two KPU images: the budget pays for both."""
+    from dualblade.pipeline import budget_for, config_from_mapping, pin_bytes, pin_images_for
+
+    config = config_from_mapping(
+        {
+            "model": {"num_layers": 2, "hidden_size": 512, "num_heads": 8},
+            "workload": {"batch": 2, "prompt_len": 8, "max_new_tokens": 2},
+            "copy_threads": 3,
+            "storage": {"direct": {"kind": "file", "path": str(tmp_path / "d.kv")}},
+        },
+        source="test",
+        env={},
+    )
+    assert (pin_images_for("cuda"), pin_images_for("cpu")) == (2, 1)
+    one = budget_for(config, 1 * GIB)
+    two = budget_for(config, 1 * GIB, pin_images=2)
+    assert two.pinned_reservation_bytes == 2 * one.pinned_reservation_bytes == 6 * pin_bytes(config)
+    assert one.page_cache_bytes - two.page_cache_bytes == 3 * pin_bytes(config)
+    assert two.to_dict()["pin_images"] == 2
+    assert "3 threads × 2 images × M_pin" in " ".join(t.note for t in two.terms())
+    # A discovered limit already holds the allocated buffers: both images, counted once.
+    in_use = derive_budget(
+        MemoryLimit(1 * GIB, 6 * pin_bytes(config), "test"),
+        pin_bytes=pin_bytes(config),
+        copy_threads=3,
+        safety_margin=0,
+        safety_fraction=0,
+        pinned_in_use=6 * pin_bytes(config),
+        pin_images=2,
+    )
+    assert in_use.pinned_still_reserved_bytes == 0
+    assert in_use.page_cache_bytes == 1 * GIB - 6 * pin_bytes(config)
