@@ -34,8 +34,13 @@ def run_fio(
     *,
     direct: bool = True,
     passthrough: bool = False,
+    offset: int = 0,
+    io_size: int | None = None,
 ) -> FioResult:
     """Run one sequential fio job (io_uring engine, fixed buffers) and parse its JSON.
+
+    ``offset`` and ``size`` bound the region of ``path`` it moves; ``io_size``, when larger than
+    ``size``, makes fio go over the region again (e.g. as many passes as the measured side made).
 
     ``passthrough``: ``path`` is an NVMe generic char device (``/dev/ngXnY``), driven as our
     passthrough path drives it: fio's ``io_uring_cmd`` engine sends NVMe read and write commands
@@ -54,6 +59,8 @@ def run_fio(
         f"--rw={op}",
         f"--bs={block_size}",
         f"--size={size}",
+        *((f"--offset={offset}",) if offset else ()),
+        *((f"--io_size={io_size}",) if io_size is not None else ()),
         f"--iodepth={queue_depth}",
         *(
             ("--ioengine=io_uring_cmd", "--cmd_type=nvme")

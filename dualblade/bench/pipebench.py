@@ -9,6 +9,10 @@ pipeline keeps as many layers' reads in flight as there are copy threads, each i
 buffers, so a KPU is always waiting when a storage slot frees. Runs alternate so drift hits both;
 the ratio is of medians. Each run also reports the process's CPU seconds (all threads) per GB
 moved: what a GB of decode reads costs, apart from how fast the target is.
+
+fio, where installed, reads the same extents of the same file in each run too (O_DIRECT,
+io_uring, the engine's chunk as its block size and the ring's queue depth): the reference the
+raw engine is held against, on data of the same age.
 """
 
 from __future__ import annotations
@@ -16,14 +20,15 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import torch
 
+from dualblade.bench import fio
 from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer
-from dualblade.pipeline import PipelineConfig
+from dualblade.pipeline import KpuExtent, PipelineConfig
 from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
 
@@ -39,8 +44,20 @@ class PipeBenchResult:
     passes: int
     strategy: str
     target: str
+    #: fio's read of the same extents, per run; empty where fio did not run (``fio_note`` why)
+    fio: list[float] = field(default_factory=list)
+    fio_note: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        fio: dict[str, Any] = (
+            {
+                "fio_bytes_per_s": [round(x) for x in self.fio],
+                "fio_median_bytes_per_s": round(statistics.median(self.fio)),
+                "raw_vs_fio": round(statistics.median(self.raw) / statistics.median(self.fio), 3),
+            }
+            if self.fio
+            else {"fio_note": self.fio_note}
+        )
         return {
             "pipeline_bytes_per_s": [round(x) for x in self.pipeline],
             "raw_bytes_per_s": [round(x) for x in self.raw],
@@ -53,6 +70,7 @@ class PipeBenchResult:
             "passes": self.passes,
             "strategy": self.strategy,
             "target": self.target,
+            **fio,
         }
 
 
@@ -105,32 +123,51 @@ async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]
                 tg.start_soon(one, extent.byte_offset, extent.nbytes)
 
 
-async def _alternate(
+async def _one_run(
     sides: dict[str, Callable[[], Awaitable[None]]],
-    runs: int,
+    run: int,
     passes: int,
     bytes_per_pass: int,
     progress: Callable[[str], None],
-) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Each side ``passes`` times per run, in an order that alternates from run to run: bytes
-    per second and CPU seconds per GB, per side and run."""
-    rates: dict[str, list[float]] = {side: [] for side in sides}
-    cpu: dict[str, list[float]] = {side: [] for side in sides}
+) -> dict[str, tuple[float, float]]:
+    """Each side ``passes`` times, in an order that alternates from run to run: per side, bytes
+    per second and CPU seconds per GB."""
+    out: dict[str, tuple[float, float]] = {}
     names = list(sides)
-    for run in range(runs):
-        for side in names if run % 2 == 0 else names[::-1]:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            for _ in range(passes):
-                await sides[side]()
-            seconds = time.perf_counter() - start
-            moved = bytes_per_pass * passes
-            rates[side].append(moved / seconds)
-            cpu[side].append((time.process_time() - cpu_start) / (moved / 1e9))
-            progress(
-                f"run {run + 1}/{runs} {side:8} {moved / seconds / 1e6:8.1f} MB/s "
-                f"{cpu[side][-1]:.3f} CPU s/GB"
-            )
-    return rates, cpu
+    for side in names if run % 2 == 0 else names[::-1]:
+        start, cpu_start = time.perf_counter(), time.process_time()
+        for _ in range(passes):
+            await sides[side]()
+        seconds = time.perf_counter() - start
+        moved = bytes_per_pass * passes
+        out[side] = (moved / seconds, (time.process_time() - cpu_start) / (moved / 1e9))
+        progress(
+            f"run {run + 1} {side:8} {out[side][0] / 1e6:8.1f} MB/s {out[side][1]:.3f} CPU s/GB"
+        )
+    return out
+
+
+def _fio_reader(
+    config: PipelineConfig, extents: list[KpuExtent], passes: int
+) -> Callable[[], float]:
+    """fio reading the region the extents cover, ``passes`` times: bytes per second."""
+    first = min(extent.byte_offset for extent in extents)
+    end = max(extent.byte_offset + extent.nbytes for extent in extents)
+    direct = config.storage.direct
+
+    def read() -> float:
+        return fio.run_fio(
+            str(direct.path),
+            "read",
+            end - first,
+            min(config.max_chunk, end - first),  # fio refuses a block larger than the region
+            config.queue_depth,
+            passthrough=direct.kind == "nvme",
+            offset=first,
+            io_size=(end - first) * passes,
+        ).bytes_per_s
+
+    return read
 
 
 def direct_only(config: PipelineConfig, target: str | None = None) -> PipelineConfig:
@@ -150,15 +187,26 @@ async def run_pipebench(
     passes: int,
     device: str = "cpu",
     target: str | None = None,
+    use_fio: bool = True,
     progress: Callable[[str], None] = lambda _line: None,
 ) -> PipeBenchResult:
-    """Measure; the config's policy is forced to ``direct`` (on ``target`` when given)."""
+    """Measure; the config's policy is forced to ``direct`` (on ``target`` when given).
+
+    ``use_fio``: read the same extents with fio in each run too, where fio is installed.
+    """
     direct_config = direct_only(config, target)
     layers = direct_config.shape().num_layers
     threads = direct_config.copy_threads
     async with open_store(direct_config, device=device) as store, store.context() as ctx:
         await _prefill(ctx, store)
-        bytes_per_pass = sum(extent.nbytes for extent in await ctx.direct_map())
+        extents = list(await ctx.direct_map())
+        bytes_per_pass = sum(extent.nbytes for extent in extents)
+        fio_note = None if use_fio else "--no-fio"
+        if fio_note is None and fio.fio_path() is None:
+            fio_note = "fio is not installed (apt-get install fio)"
+        read_with_fio = _fio_reader(direct_config, extents, passes)
+        rates: dict[str, list[float]] = {"pipeline": [], "raw": [], "fio": []}
+        cpu: dict[str, list[float]] = {"pipeline": [], "raw": []}
         pipeline = [ctx.read_buffers() for _ in range(threads)]
         raw = [AlignedBuffer(store.stats().buffer_bytes) for _ in range(threads)]
         try:
@@ -166,7 +214,18 @@ async def run_pipebench(
                 "pipeline": lambda: _pipeline_pass(ctx, layers, pipeline),
                 "raw": lambda: _raw_pass(store, ctx, raw),
             }
-            rates, cpu = await _alternate(sides, runs, passes, bytes_per_pass, progress)
+            for run in range(runs):
+                if fio_note is None and run % 2:
+                    rates["fio"].append(await anyio.to_thread.run_sync(read_with_fio))
+                for side, (rate, seconds_per_gb) in (
+                    await _one_run(sides, run, passes, bytes_per_pass, progress)
+                ).items():
+                    rates[side].append(rate)
+                    cpu[side].append(seconds_per_gb)
+                if fio_note is None and not run % 2:
+                    rates["fio"].append(await anyio.to_thread.run_sync(read_with_fio))
+                if rates["fio"]:
+                    progress(f"run {run + 1} fio      {rates['fio'][-1] / 1e6:8.1f} MB/s")
         finally:
             for buffers in pipeline:
                 buffers.close()
@@ -182,4 +241,6 @@ async def run_pipebench(
         passes,
         strategy,
         str(direct_config.storage.direct.path),
+        rates["fio"],
+        fio_note,
     )

@@ -25,6 +25,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a file to use as the direct target instead of the config's (e.g. one in /dev/shm, "
         "to see what the pipeline costs rather than what the disk allows)",
     )
+    parser.add_argument("--no-fio", action="store_true", help="skip fio's read of the same extents")
     parser.add_argument("--json", action="store_true", help="print JSON")
     parser.set_defaults(func=run)
 
@@ -43,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             passes=args.passes,
             device=args.device,
             target=args.target,
+            use_fio=not args.no_fio,
             progress=lambda line: print(line, file=sys.stderr, flush=True),
         )
     )
@@ -56,4 +58,11 @@ def run(args: argparse.Namespace) -> int:
             f"ratio {document['ratio']}; CPU s/GB: pipeline "
             f"{document['pipeline_cpu_s_per_gb']}, raw {document['raw_cpu_s_per_gb']}"
         )
+        if "raw_vs_fio" in document:
+            print(
+                f"fio on the same extents {document['fio_median_bytes_per_s'] / 1e6:.1f} MB/s; "
+                f"raw engine / fio {document['raw_vs_fio']}"
+            )
+        else:
+            print(f"fio not run: {document['fio_note']}")
     return 0

@@ -113,3 +113,10 @@ lba_size = 512
     assert report["pipeline_cpu_s_per_gb"] > 0
     assert report["raw_cpu_s_per_gb"] > 0
     assert report["ratio"] > 0
+    if shutil.which("fio"):  # fio read the very extents the raw engine read, once per run
+        assert len(report["fio_bytes_per_s"]) == 2
+        assert report["raw_vs_fio"] > 0
+    else:
+        assert report["fio_note"].startswith("fio is not installed")
+    assert main([*args[:-4], "--runs", "1", "--passes", "1", "--no-fio"]) == 0
+    assert "fio not run: --no-fio" in capsys.readouterr().out
