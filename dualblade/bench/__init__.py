@@ -7,6 +7,9 @@ from dualblade.bench.iobench import run_iobench as run_iobench
 from dualblade.bench.kv_workload import run_kv_workload as run_kv_workload
 from dualblade.bench.kv_workload import summarize as summarize
 from dualblade.bench.pipebench import run_pipebench as run_pipebench
+from dualblade.bench.pipebench_page_cache import (
+    run_page_cache_pipebench as run_page_cache_pipebench,
+)
 from dualblade.bench.plots import write_plots as write_plots
 from dualblade.bench.presets import get_bench_preset as get_bench_preset
 from dualblade.bench.pressure import pressure_plan as pressure_plan

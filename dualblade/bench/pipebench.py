@@ -74,7 +74,8 @@ class PipeBenchResult:
         }
 
 
-async def _prefill(ctx: KVContext, store: KVStore) -> None:
+async def prefill_random(ctx: KVContext, store: KVStore) -> None:
+    """Every layer of ``ctx`` written with random K and V of its full length."""
     shape = store.config.shape()
     rows = store.config.workload.max_len
     dtype = ctx.dtype
@@ -84,7 +85,7 @@ async def _prefill(ctx: KVContext, store: KVStore) -> None:
         await ctx.write(layer, k, v)
 
 
-async def _pipeline_pass(ctx: KVContext, layers: int, pool: list[ReadBuffers]) -> None:
+async def pipeline_pass(ctx: KVContext, layers: int, pool: list[ReadBuffers]) -> None:
     """Every layer once, as many layers in flight as there are read buffers."""
     give, take = anyio.create_memory_object_stream[ReadBuffers](len(pool))
     for buffers in pool:
@@ -198,7 +199,7 @@ async def run_pipebench(
     layers = direct_config.shape().num_layers
     threads = direct_config.copy_threads
     async with open_store(direct_config, device=device) as store, store.context() as ctx:
-        await _prefill(ctx, store)
+        await prefill_random(ctx, store)
         extents = list(await ctx.direct_map())
         bytes_per_pass = sum(extent.nbytes for extent in extents)
         fio_note = None if use_fio else "--no-fio"
@@ -211,7 +212,7 @@ async def run_pipebench(
         raw = [AlignedBuffer(store.stats().buffer_bytes) for _ in range(threads)]
         try:
             sides: dict[str, Callable[[], Awaitable[None]]] = {
-                "pipeline": lambda: _pipeline_pass(ctx, layers, pipeline),
+                "pipeline": lambda: pipeline_pass(ctx, layers, pipeline),
                 "raw": lambda: _raw_pass(store, ctx, raw),
             }
             for run in range(runs):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import anyio
 
@@ -21,6 +22,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--passes", type=int, default=8, help="reads of the whole cache per run")
     parser.add_argument("--device", default="cpu", help="where reads land (cpu, cuda)")
     parser.add_argument(
+        "--path",
+        choices=("direct", "page-cache"),
+        default="direct",
+        help="direct (default): every layer direct, against the raw engine and fio; page-cache: "
+        "every layer in the page cache, resident, against the machine's limit for moving those "
+        "files to the device (plain threads with preadv and their own streams)",
+    )
+    parser.add_argument(
         "--target",
         help="a file to use as the direct target instead of the config's (e.g. one in /dev/shm, "
         "to see what the pipeline costs rather than what the disk allows)",
@@ -37,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1 or args.passes < 1:
         raise ConfigError("--runs and --passes must be at least 1")
     config = load_run_config(args.config, None)
+    if args.path == "page-cache":
+        return _page_cache(args, config)
     result = anyio.run(
         lambda: run_pipebench(
             config,
@@ -65,4 +76,31 @@ def run(args: argparse.Namespace) -> int:
             )
         else:
             print(f"fio not run: {document['fio_note']}")
+    return 0
+
+
+def _page_cache(args: argparse.Namespace, config: Any) -> int:
+    from dualblade.bench import run_page_cache_pipebench
+
+    if args.target is not None:
+        raise ConfigError("--target names a direct target: it does not apply to --path page-cache")
+    result = anyio.run(
+        lambda: run_page_cache_pipebench(
+            config,
+            runs=args.runs,
+            passes=args.passes,
+            device=args.device,
+            progress=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    )
+    document = result.to_json()
+    if args.json:
+        print_json(document)
+    else:
+        print(
+            f"page-cache path {document['pipeline_median_bytes_per_s'] / 1e6:.1f} MB/s, machine "
+            f"limit {document['limit_median_bytes_per_s'] / 1e6:.1f} MB/s (medians of "
+            f"{args.runs}; best thread counts {document['limit_threads']}); ratio "
+            f"{document['ratio']}; resident after: {document['resident_fraction']:.0%}"
+        )
     return 0

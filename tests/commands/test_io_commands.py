@@ -120,3 +120,38 @@ lba_size = 512
         assert report["fio_note"].startswith("fio is not installed")
     assert main([*args[:-4], "--runs", "1", "--passes", "1", "--no-fio"]) == 0
     assert "fio not run: --no-fio" in capsys.readouterr().out
+
+
+def test_pipebench_page_cache_path(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Every layer in the page cache, resident, read through the pipeline and moved by plain
+    threads (the machine's limit), both over the same bytes."""
+    config = tmp_path / "small.toml"
+    config.write_text(
+        f"""
+copy_threads = 2
+[model]
+num_layers = 3
+hidden_size = 512
+num_heads = 8
+dtype = "float16"
+[workload]
+batch = 4
+prompt_len = 24
+max_new_tokens = 2
+[storage]
+page_cache_dir = "{tmp_path}/pc"
+[storage.direct]
+path = "{tmp_path}/direct.kv"
+"""
+    )
+    args = ["pipebench", str(config), "--path", "page-cache", "--runs", "2", "--passes", "2"]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["path"] == "page-cache"
+    assert report["bytes_per_pass"] == 3 * 2 * 26 * 4 * 512 * 2  # every layer's K and V
+    assert len(report["pipeline_bytes_per_s"]) == len(report["limit_bytes_per_s"]) == 2
+    assert set(report["limit_threads"]) <= {1, 2, 4, 8}
+    assert report["resident_fraction"] == 1.0
+    assert report["ratio"] > 0
+    assert main([*args, "--target", str(tmp_path / "x")]) == 2
+    assert "does not apply to --path page-cache" in capsys.readouterr().err

@@ -1,0 +1,149 @@
+"""The machine's limit for moving resident page-cache files to the device.
+
+The reference ``dualblade pipebench --path page-cache`` holds the pipeline's page-cache path
+against: what plain threads get for the same move, as FlexGen moves its cache, at their best.
+Each of ``n`` threads takes every ``n``-th file, reads it piece by piece with ``preadv`` into
+pinned memory of its own (two pieces, so a read overlaps the last piece's copy) and copies each
+piece to the device on a CUDA stream of its own; on the host the copy goes into a host tensor.
+``preadv`` and the copies release the GIL, so the threads run side by side. The limit is the
+best rate over :data:`THREAD_COUNTS`.
+
+The pieces are as large as the pipeline's (64 MiB on CUDA, 4 MiB on the host), so neither side
+pays more calls per byte than the other.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dualblade.io_engine import AlignedBuffer
+
+#: Thread counts tried; the best one is the limit.
+THREAD_COUNTS: tuple[int, ...] = (1, 2, 4, 8)
+CUDA_PIECE_BYTES = 64 << 20
+HOST_PIECE_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class FileToMove:
+    """``nbytes`` from the start of the open file ``fd`` (resident in the page cache)."""
+
+    fd: int
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class LimitRun:
+    """One thread count's rate (bytes per second) for ``passes`` passes over every file."""
+
+    threads: int
+    bytes_per_s: float
+
+
+class _Mover:
+    """One thread's pinned pieces, stream and device destination."""
+
+    def __init__(self, device: torch.device, piece_bytes: int) -> None:
+        self.device = device
+        self.pieces = [AlignedBuffer(piece_bytes) for _ in range(2)]
+        cuda = device.type == "cuda"
+        if cuda:
+            for piece in self.pieces:
+                piece.pin_for_cuda()
+        self.sources = [piece.tensor() for piece in self.pieces]
+        self.views = [piece.view for piece in self.pieces]
+        self.destination = torch.empty(piece_bytes, dtype=torch.uint8, device=device)
+        self.stream = torch.cuda.Stream(device=device) if cuda else None  # type: ignore[no-untyped-call]
+        self.done: list[torch.cuda.Event | None] = [None, None]
+
+    def move(self, files: Sequence[FileToMove], piece_bytes: int) -> None:
+        if self.stream is not None:
+            torch.cuda.set_stream(self.stream)  # this thread's current stream from now on
+        turn = 0
+        for file in files:
+            for offset in range(0, file.nbytes, piece_bytes):
+                nbytes = min(piece_bytes, file.nbytes - offset)
+                slot = turn % 2
+                turn += 1
+                event = self.done[slot]
+                if event is not None:
+                    event.synchronize()  # the piece's last copy has left it
+                got = os.preadv(file.fd, [self.views[slot][:nbytes]], offset)
+                if got != nbytes:
+                    raise OSError(f"short read of a page-cache file: {got} of {nbytes} bytes")
+                self._copy(slot, nbytes)
+        for event in self.done:
+            if event is not None:
+                event.synchronize()
+
+    def _copy(self, slot: int, nbytes: int) -> None:
+        source, destination = self.sources[slot][:nbytes], self.destination[:nbytes]
+        if self.stream is None:
+            destination.copy_(source)
+            return
+        destination.copy_(source, non_blocking=True)
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record(self.stream)
+        self.done[slot] = event
+
+    def close(self) -> None:
+        self.sources.clear()  # they alias the pieces, which cannot unmap under them
+        self.views.clear()
+        for piece in self.pieces:
+            piece.close()
+
+
+def _one_count(
+    files: Sequence[FileToMove], movers: Sequence[_Mover], passes: int, piece_bytes: int
+) -> float:
+    """Seconds for ``len(movers)`` threads to move every file ``passes`` times."""
+    shares = [list(files[index :: len(movers)]) * passes for index in range(len(movers))]
+    errors: list[BaseException] = []
+
+    def run(mover: _Mover, share: list[FileToMove]) -> None:
+        try:
+            mover.move(share, piece_bytes)
+        except BaseException as error:  # reported by the caller, not lost in the thread
+            errors.append(error)
+
+    threads = [
+        threading.Thread(target=run, args=(mover, share), name=f"limit-{index}")
+        for index, (mover, share) in enumerate(zip(movers, shares, strict=True))
+    ]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - start
+
+
+def measure_page_cache_limit(
+    files: Sequence[FileToMove],
+    device: torch.device,
+    *,
+    passes: int,
+    thread_counts: Sequence[int] = THREAD_COUNTS,
+) -> list[LimitRun]:
+    """Each thread count's rate for moving ``files`` to ``device`` ``passes`` times (blocking:
+    run it in a worker thread). The files' pages should be resident (see the module)."""
+    piece_bytes = CUDA_PIECE_BYTES if device.type == "cuda" else HOST_PIECE_BYTES
+    piece_bytes = min(piece_bytes, max(file.nbytes for file in files))
+    moved = sum(file.nbytes for file in files) * passes
+    movers = [_Mover(device, piece_bytes) for _ in range(max(thread_counts))]
+    try:
+        return [
+            LimitRun(count, moved / _one_count(files, movers[:count], passes, piece_bytes))
+            for count in thread_counts
+        ]
+    finally:
+        for mover in movers:
+            mover.close()
