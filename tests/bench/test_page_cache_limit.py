@@ -34,7 +34,7 @@ def test_every_thread_count_moves_every_byte(tmp_path: Path, monkeypatch) -> Non
     monkeypatch.setattr(page_cache_limit._Mover, "_copy", spy)
     try:
         files = [FileToMove(fd, len(content)) for fd, content in opened]
-        runs = measure_page_cache_limit(files, torch.device("cpu"), passes=2)
+        runs = measure_page_cache_limit(files, torch.device("cpu"), passes=2, counts=(1, 2, 4, 8))
     finally:
         for fd, _ in opened:
             os.close(fd)
@@ -58,3 +58,12 @@ def test_a_short_read_is_an_error_not_a_rate(tmp_path: Path) -> None:
             )
     finally:
         os.close(fd)
+
+
+def test_thread_counts_go_up_to_the_cores(monkeypatch) -> None:
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert page_cache_limit.thread_counts() == (1, 2, 4, 8, 16)
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert page_cache_limit.thread_counts() == (1, 2, 4)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    assert page_cache_limit.thread_counts() == (1, 2)
