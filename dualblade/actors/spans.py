@@ -156,6 +156,11 @@ class DirectSpan(_Placement):
         self.counters.add(self.path, written=self.nbytes)
 
 
+#: Page-cache writes of at least this many bytes (a prefill's layer pieces, a promoted layer;
+#: not a decode step's appended row) start their write-back at once.
+START_WRITE_BACK_BYTES = 1 << 20
+
+
 @dataclass
 class PageCacheSpan(_Placement):
     """A byte range of a KPU's page-cache file, buffered I/O through the ring."""
@@ -183,6 +188,12 @@ class PageCacheSpan(_Placement):
             # Dirty pages cannot be dropped: write them back first (the policy's known cost).
             await anyio.to_thread.run_sync(self.file.flush)
             self.file.advise_dontneed(self.file_offset, self.nbytes)
+        elif self.nbytes >= START_WRITE_BACK_BYTES:
+            # A layer's worth of pages: have the disk take them now, under the prefill,
+            # rather than under the first decode steps (see PageCacheFile.start_write_back).
+            await anyio.to_thread.run_sync(
+                self.file.start_write_back, self.file_offset, self.nbytes
+            )
 
     async def read_into(self, buffer: AlignedBuffer) -> None:
         await self.engine.pread(

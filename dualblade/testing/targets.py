@@ -129,7 +129,8 @@ class FaultyPageCacheFile(PageCacheFile):
 
     A subclass rather than a wrapper: the page-cache path also uses the file's own page-cache
     calls (``mincore`` residency, ``fadvise``, the baseline's ``mmap``), which stay real. Its
-    write-backs (``flush``, ``write_back``, ``check_write_back``) get faults too, op
+    write-backs (``flush``, ``write_back``, ``start_write_back``, ``check_write_back``) get
+    faults too, op
     ``write-back``, before the real call: a disk that cannot take the dirty pages. The store
     makes them when given a factory of them as its ``page_cache_file``.
     """
@@ -157,6 +158,10 @@ class FaultyPageCacheFile(PageCacheFile):
     def write_back(self, offset: int, length: int) -> None:
         self._injector.on_sync("write-back", offset, length)
         super().write_back(offset, length)
+
+    def start_write_back(self, offset: int, length: int) -> None:
+        self._injector.on_sync("write-back", offset, length)
+        super().start_write_back(offset, length)
 
     def check_write_back(self) -> None:
         self._injector.on_sync("write-back", 0, self.size)

@@ -106,3 +106,68 @@ async def test_a_failed_write_back_fails_the_write_and_keeps_the_pages(
             await ctx.write(3, k, v)
             got_k, _ = await ctx.read(3)
             assert torch.equal(got_k, k)
+
+
+class _Starts(FaultyPageCacheFile):
+    """Records the ranges whose write-back was started."""
+
+    started: ClassVar[list[tuple[str, int, int]]] = []
+
+    def start_write_back(self, offset: int, length: int) -> None:
+        _Starts.started.append((self.name, offset, length))
+        super().start_write_back(offset, length)
+
+
+def test_start_write_back_leaves_the_pages_cached(tmp_path: Path) -> None:
+    with PageCacheFile(tmp_path / "L0.K", 1 << 20) as file:
+        os.pwrite(file.fd, b"y" * (256 << 10), 0)
+        file.start_write_back(0, 256 << 10)
+        file.check_write_back()
+        assert file.resident_bytes(0, 256 << 10) == 256 << 10
+        assert os.pread(file.fd, 8192, 4096) == b"y" * 8192
+
+
+@pytest.mark.anyio
+async def test_a_layer_written_through_the_page_cache_starts_its_write_back(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill's layer starts the write-back of what it wrote (so the first decode steps do
+    not wait for it); an appended row does not; a write-back that cannot start fails the write
+    like any other write-back error, and the layer is lost until written again."""
+    from dualblade.actors import spans
+
+    config = make_config("dual", "aligned")  # layers 0 and 2 in the page cache
+    policy = FaultPolicy(1.0, kinds=(FaultKind.EIO,), ops=("write-back",))
+    policy.enabled = False
+    log = FaultLog()
+    _Starts.started = []
+    rows = 10
+    async with (
+        open_store(
+            config, device="cpu", page_cache_file=lambda p, n: _Starts(p, n, policy, log)
+        ) as store,
+        store.context() as ctx,
+    ):
+        stride = ctx.file_layout.row_stride
+        monkeypatch.setattr(spans, "START_WRITE_BACK_BYTES", 2 * stride)  # above one row
+        k, v = random_kv(config, rows, seed=2)
+        await ctx.write(0, k, v)
+        # K's and V's file, each from its first row to the last written
+        assert len({name for name, _, _ in _Starts.started}) == 2
+        assert {(o, n) for _, o, n in _Starts.started} == {(0, rows * stride)}
+        await ctx.write(1, k, v)  # a direct layer: no page-cache file
+        assert len(_Starts.started) == 2
+        row_k, row_v = random_kv(config, 1, seed=3)
+        await ctx.append(0, row_k, row_v)
+        assert len(_Starts.started) == 2, "an appended row started a write-back"
+        policy.enabled = True
+        with pytest.raises(InjectedIOError) as caught:
+            await ctx.write(2, k, v)
+        assert caught.value.op == "write-back"
+        with pytest.raises(LayerLostError):
+            await ctx.read(2)
+        policy.enabled = False
+        await ctx.write(2, k, v)
+        got_k, got_v = await ctx.read(2)
+        assert torch.equal(got_k, k)
+        assert torch.equal(got_v, v)

@@ -114,6 +114,24 @@ class PageCacheFile(Target):
         if code:
             raise self._write_back_error(code, offset, length)
 
+    def start_write_back(self, offset: int, length: int) -> None:
+        """Start writing the range's dirty pages back, without waiting for them
+        (``sync_file_range`` with only ``WRITE``); the pages stay cached, and clean.
+
+        Left to the kernel, a prefill's gigabytes of dirty pages are written back seconds
+        later, under the first decode steps: in a memory cgroup near its limit those steps'
+        appends are throttled until the write-back catches up (OPT-6.7B at 11 GiB on the H200
+        machine: a first step of 1.7-4.0 s against 0.45 s for the next, with 2.3-5.6 GB written
+        during the decode). Started as each layer is written, the write-back runs under the
+        prefill's compute instead.
+
+        Raises:
+            IOFailedError: as :meth:`flush` (a write-back that failed since the last check).
+        """
+        code = _sync_file_range(self.fd, offset, length, _SYNC_WRITE)
+        if code:
+            raise self._write_back_error(code, offset, length)
+
     def check_write_back(self) -> None:
         """Raise a write-back error the kernel met since the last check, starting no I/O
         (``sync_file_range`` with only ``WAIT_BEFORE`` reports the file's error sequence).
