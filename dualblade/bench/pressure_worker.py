@@ -87,7 +87,9 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                 async with anyio.create_task_group() as tg:
                     for step in range(spec["decode_steps"]):
                         if step == spec["squeeze_step"]:
-                            report["squeeze_at_s"] = time.perf_counter() - start
+                            # rounded as the steps' start_s are: a step that began just after
+                            # the squeeze must not round to before it
+                            report["squeeze_at_s"] = round(time.perf_counter() - start, 4)
                             tg.start_soon(squeeze_now)
                         before = store.stats()
                         began = time.perf_counter()
