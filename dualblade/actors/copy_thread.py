@@ -97,6 +97,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.bytes_stored = 0
         self._ranges = RangeLocks()
         self.piece_bytes = CUDA_PIECE_BYTES if dma.cuda else PIECE_BYTES
+        self.images = images
         self.image_bytes = buffer.size // images
         # Two transfers at a time: the tail of one overlaps the head of the next. With two
         # images each has one of its own; with one they share it, ordered by the range locks.
@@ -162,13 +163,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         self._check(message.span, message.view)
         await self._slots.acquire()
         assert self._task_group is not None
-        image = self._free_images.pop() if self._images_owned else 0
+        # with two images each transfer in flight has one of its own
+        image = self._free_images.pop() if self.images > 1 else 0
         self._task_group.start_soon(self._transfer, message, image)
-
-    @property
-    def _images_owned(self) -> bool:
-        """Whether each transfer in flight has an image of its own (the buffer holds two)."""
-        return self.image_bytes < self.buffer.size
 
     async def _transfer(self, message: CopyMessage, image: int) -> None:
         try:
@@ -181,7 +178,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             message.reply.fail(ActorStoppedError(f"{self.name} stopped: {error!r}"))
             raise
         finally:
-            if self._images_owned:
+            if self.images > 1:
                 self._free_images.append(image)
             self._slots.release()
 

@@ -187,8 +187,9 @@ async def _timed(
     return PassTime(sum(n for _, n in queue), tuple(seconds))
 
 
-async def _files(ctx: KVContext) -> list[tuple[PageCacheFile, int]]:
-    """The context's page-cache files with the bytes its decode read from each."""
+async def page_cache_reads(ctx: KVContext) -> list[tuple[PageCacheFile, int]]:
+    """The context's page-cache files with the bytes a decode step reads from each (its
+    layers' written rows)."""
     stride = ctx.file_layout.row_stride
     out = []
     for layer, medium in enumerate(ctx.media):
@@ -224,7 +225,7 @@ async def _file_passes(
     store: KVStore, ctx: KVContext, memory: Sequence[AlignedBuffer], repeats: int
 ) -> tuple[PassTime | None, PassTime | None]:
     """The resident pass, and the cold pass over the files that are not resident."""
-    files = [(f, n) for f, n in await _files(ctx) if n > 0]
+    files = [(f, n) for f, n in await page_cache_reads(ctx) if n > 0]
     resident = [(f, n) for f, n in files if f.resident_bytes(0, n) >= n]
     cold = [(f, n) for f, n in files if (f, n) not in resident]
     engine = ctx.engine

@@ -21,11 +21,12 @@ from typing import Any
 import anyio
 import torch
 
+from dualblade.bench.floor import page_cache_reads
 from dualblade.bench.page_cache_limit import FileToMove, LimitRun, measure_page_cache_limit
 from dualblade.bench.pipebench import pipeline_pass, prefill_random
 from dualblade.errors import ConfigError
-from dualblade.pipeline import KpuId, PipelineConfig, layer_page_cache_bytes
-from dualblade.store import KVContext, open_store
+from dualblade.pipeline import PipelineConfig, layer_page_cache_bytes
+from dualblade.store import open_store
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,6 @@ def page_cache_only(config: PipelineConfig) -> PipelineConfig:
     return PipelineConfig.model_validate(data)
 
 
-async def _files(ctx: KVContext) -> list[tuple[Any, int]]:
-    """Each layer's K and V file with the bytes a read of the whole layer takes from it."""
-    stride = ctx.file_layout.row_stride
-    return [
-        (await ctx.file(KpuId(layer, tensor)), ctx.length(layer) * stride)
-        for layer in range(ctx.num_layers)
-        for tensor in ("K", "V")
-    ]
-
-
 def _resident(files: list[tuple[Any, int]]) -> float:
     total = sum(n for _, n in files)
     return sum(min(n, file.resident_bytes(0, n)) for file, n in files) / total if total else 0.0
@@ -97,7 +88,7 @@ async def run_page_cache_pipebench(
             media = [str(medium) for medium in ctx.media]
             raise ConfigError(f"not every layer went to the page cache: {media}")
         await prefill_random(ctx, store)
-        files = await _files(ctx)
+        files = await page_cache_reads(ctx)
         resident = _resident(files)
         if resident < 0.99:
             raise ConfigError(

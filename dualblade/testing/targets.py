@@ -130,9 +130,8 @@ class FaultyPageCacheFile(PageCacheFile):
     A subclass rather than a wrapper: the page-cache path also uses the file's own page-cache
     calls (``mincore`` residency, ``fadvise``, the baseline's ``mmap``), which stay real. Its
     write-backs (``flush``, ``write_back``, ``start_write_back``, ``check_write_back``) get
-    faults too, op
-    ``write-back``, before the real call: a disk that cannot take the dirty pages. The store
-    makes them when given a factory of them as its ``page_cache_file``.
+    faults too, op ``write-back``, before the real call: a disk that cannot take the dirty
+    pages. The store makes them when given a factory of them as its ``page_cache_file``.
     """
 
     def __init__(
