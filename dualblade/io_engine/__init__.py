@@ -10,6 +10,7 @@ from dualblade.io_engine._waker import loop_caller as loop_caller
 from dualblade.io_engine.buffers import HUGE_PAGE_SIZE as HUGE_PAGE_SIZE
 from dualblade.io_engine.buffers import PAGE_SIZE as PAGE_SIZE
 from dualblade.io_engine.buffers import AlignedBuffer as AlignedBuffer
+from dualblade.io_engine.buffers import BorrowedBuffer as BorrowedBuffer
 from dualblade.io_engine.engine import CompatMode as CompatMode
 from dualblade.io_engine.engine import IOEngine as IOEngine
 from dualblade.io_engine.errors import BufferBusyError as BufferBusyError

@@ -184,3 +184,49 @@ class AlignedBuffer:
 
     def __repr__(self) -> str:
         return f"AlignedBuffer(size={self.size}, huge={self.huge}, address=0x{self.address:x})"
+
+
+class BorrowedBuffer(AlignedBuffer):
+    """Host memory that a caller allocated (a contiguous CPU tensor), as an I/O buffer.
+
+    Why: memory the caller already holds at the target's alignment (LMCache's L1 with
+    ``--l1-align-bytes 4096``, say) can take reads straight from storage, with no staging
+    buffer and no copy out of it. The buffer keeps the tensor alive and counts the I/O in
+    flight as an :class:`AlignedBuffer` does, so :meth:`close` refuses while the kernel may
+    still write into it; closing drops the reference and frees nothing. Whether the address
+    suits a target is the target's check (``Target.check_io``), made when a request is built.
+
+    Raises:
+        ValueError: the tensor is empty, not on the CPU, or not contiguous.
+    """
+
+    def __init__(self, owner: torch.Tensor) -> None:
+        if owner.device.type != "cpu" or not owner.is_contiguous() or owner.numel() == 0:
+            raise ValueError("a borrowed buffer needs a non-empty, contiguous CPU tensor")
+        self._owner: torch.Tensor | None = owner
+        self.size = owner.numel() * owner.element_size()
+        self.huge = False
+        self.address = owner.data_ptr()
+        raw = (ctypes.c_char * self.size).from_address(self.address)
+        self._view = memoryview(raw).cast("B")
+        self._inflight = 0
+        self._lock = threading.Lock()
+        self._cuda_registered = False
+
+    def pin_for_cuda(self) -> bool:
+        """Never: the memory is the caller's to pin (or not)."""
+        return False
+
+    def close(self) -> None:
+        """Drop the reference to the caller's tensor (idempotent).
+
+        Raises:
+            BufferBusyError: an I/O on the buffer is still in flight.
+        """
+        with self._lock:
+            if self._inflight:
+                raise BufferBusyError(
+                    f"buffer has {self._inflight} I/O operation(s) in flight; cannot release it"
+                )
+            self._view = None
+            self._owner = None

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.io_engine import HUGE_PAGE_SIZE, PAGE_SIZE, AlignedBuffer, BufferBusyError
+from dualblade.io_engine import (
+    HUGE_PAGE_SIZE,
+    PAGE_SIZE,
+    AlignedBuffer,
+    BorrowedBuffer,
+    BufferBusyError,
+)
 
 
 def test_small_buffers_are_page_aligned_and_rounded_up() -> None:
@@ -64,3 +70,33 @@ def test_bad_size() -> None:
 def test_pin_for_cuda_is_a_no_op_without_cuda() -> None:
     with AlignedBuffer(1 << 20) as buf:
         assert buf.pin_for_cuda() is torch.cuda.is_available()
+
+
+def test_a_borrowed_buffer_is_the_tensors_own_memory() -> None:
+    owner = torch.arange(64, dtype=torch.int32)
+    borrowed = BorrowedBuffer(owner)
+    assert borrowed.address == owner.data_ptr()
+    assert borrowed.size == 256
+    borrowed.view[0:4] = (7).to_bytes(4, "little")
+    assert int(owner[0]) == 7  # the engine's writes land in the caller's tensor
+    assert not borrowed.pin_for_cuda()  # the caller's memory is the caller's to pin
+
+
+def test_a_borrowed_buffer_is_not_released_under_io() -> None:
+    borrowed = BorrowedBuffer(torch.zeros(4096, dtype=torch.uint8))
+    borrowed.begin_io()
+    with pytest.raises(BufferBusyError, match="in flight"):
+        borrowed.close()
+    borrowed.end_io()
+    borrowed.close()
+    assert borrowed.closed
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [torch.zeros(0), torch.zeros(8, 8)[:, 0], torch.zeros(4, device="meta")],
+    ids=["empty", "strided", "not-on-the-cpu"],
+)
+def test_a_borrowed_buffer_needs_contiguous_cpu_memory(tensor: torch.Tensor) -> None:
+    with pytest.raises(ValueError, match="contiguous CPU tensor"):
+        BorrowedBuffer(tensor)
