@@ -207,6 +207,15 @@ class PageCacheSpan(_Placement):
         )
         await self._write_done()
 
+    def read_resident_into(self, buffer: AlignedBuffer) -> None:
+        """Read the span into ``buffer`` on this thread: for a span that
+        :func:`count_residency` found wholly resident, where the read is a memory copy (a
+        ``preadv``, GIL released) and a trip through the ring and back would cost more Python
+        than the copy. A page evicted in between is read from disk here, blocking."""
+        with buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes] as view:
+            _transfer_all(self.file.pread_blocking, view, self.file_offset, self.file.name, "read")
+        self._read_done()
+
     host_direct = True
 
     async def read_to_host(self, destination: torch.Tensor) -> None:

@@ -1,0 +1,110 @@
+"""Straight reads: a whole layer from storage into the caller's host memory, no copy thread."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dualblade.io_engine import AlignedBuffer, BorrowedBuffer
+from dualblade.store import open_store, read_layer_straight
+
+from .conftest import MakeConfig, random_kv
+
+pytestmark = pytest.mark.anyio
+
+
+def views(memory: AlignedBuffer, like: torch.Tensor, offset: int) -> torch.Tensor:
+    count = like.numel()
+    return memory.tensor(like.dtype, count=count, offset=offset).view(like.shape)
+
+
+@pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "cache-policy", "baseline"])
+async def test_every_policy_reads_every_byte_straight(make_config: MakeConfig, policy: str):
+    config = make_config(policy, "aligned", prompt_len=40, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        expected = {}
+        for layer in range(4):
+            k, v = random_kv(config, 40, seed=layer)
+            await ctx.write(layer, k, v)
+            row_k, row_v = random_kv(config, 1, seed=50 + layer)
+            await ctx.append(layer, row_k, row_v)
+            expected[layer] = (torch.cat([k, row_k]), torch.cat([v, row_v]))
+        half = expected[0][0].numel() * expected[0][0].element_size()
+        before = store.stats()
+        with AlignedBuffer(2 * half) as memory:
+            for layer, (k, v) in expected.items():
+                memory.view[:] = b"\xee" * memory.size
+                assert await read_layer_straight(ctx, layer, memory, (0, half))
+                got_k, got_v = views(memory, k, 0), views(memory, v, half)
+                assert torch.equal(got_k, k)
+                assert torch.equal(got_v, v)
+                del got_k, got_v
+        after = store.stats()
+        # the spans counted every byte they read, per path, as reads through a copy thread do
+        moved = sum(after.read_bytes.values()) - sum(before.read_bytes.values())
+        assert moved == 4 * 2 * half
+        # and no copy thread took part: no direct transfer, no host copy
+        assert after.co_dma.direct_transfers == before.co_dma.direct_transfers
+        assert after.co_dma.cpu_fallback_copies == before.co_dma.cpu_fallback_copies
+
+
+async def test_resident_page_cache_reads_count_as_hits(make_config: MakeConfig):
+    config = make_config("page-cache", "aligned", prompt_len=40, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 40, seed=7)
+        await ctx.write(0, k, v)
+        half = k.numel() * k.element_size()
+        before = store.stats()
+        with AlignedBuffer(2 * half) as memory:
+            assert await read_layer_straight(ctx, 0, memory, (0, half))
+            assert torch.equal(views(memory, k, 0), k)
+            assert torch.equal(views(memory, v, half), v)
+        after = store.stats()
+        assert after.cache_lookup_bytes - before.cache_lookup_bytes == 2 * half
+        assert after.cache_hit_bytes - before.cache_hit_bytes == 2 * half  # just written
+
+
+async def test_memory_the_direct_target_cannot_take_is_declined(make_config: MakeConfig):
+    config = make_config("direct", "aligned", prompt_len=16, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=9)
+        await ctx.write(0, k, v)
+        half = k.numel() * k.element_size()
+        with AlignedBuffer(2 * half + 4096) as memory:
+            # one byte off the page: O_DIRECT refuses the address, so nothing is read
+            unaligned = BorrowedBuffer(memory.tensor(count=2 * half, offset=1))
+            assert not await read_layer_straight(ctx, 0, unaligned, (0, half))
+            unaligned.close()
+            # a V that would run past the memory's end
+            assert not await read_layer_straight(ctx, 0, memory, (0, half + 4096 + 1))
+            assert bytes(memory.view[:16]) == bytes(16)  # untouched: still the zeroed pages
+        assert store.stats().read_bytes.get("direct", 0) == 0
+
+
+async def test_padded_rows_are_left_to_read(make_config: MakeConfig):
+    config = make_config("direct", "odd-gqa", prompt_len=16, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=4)
+        await ctx.write(1, k, v)
+        half = k.numel() * k.element_size()
+        with AlignedBuffer(4 * half + 8192) as memory:
+            assert not await read_layer_straight(ctx, 1, memory, (0, 2 * half + 4096))
+            got_k, got_v = await ctx.read(1)  # the copy threads read what straight reads leave
+            assert torch.equal(got_k, k)
+            assert torch.equal(got_v, v)
+
+
+async def test_a_borrowed_tensor_takes_direct_reads(make_config: MakeConfig):
+    config = make_config("direct", "aligned", prompt_len=16, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=11)
+        await ctx.write(2, k, v)
+        half = k.numel() * k.element_size()
+        with AlignedBuffer(2 * half) as owner:
+            flat = owner.tensor()  # someone else's aligned memory, as LMCache's L1 is
+            borrowed = BorrowedBuffer(flat)
+            assert await read_layer_straight(ctx, 2, borrowed, (0, half))
+            borrowed.close()
+            assert torch.equal(flat[:half].view(k.dtype).view(k.shape), k)
+            assert torch.equal(flat[half:].view(v.dtype).view(v.shape), v)
+            del flat
