@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from dualblade.integrations.lmcache import DualBladeL2Adapter
+from dualblade.io_engine import AlignedBuffer
 
-from .conftest import Driver, MakeAdapter, digest, empty_obj, key, random_obj
+from .conftest import Driver, MakeAdapter, digest, empty_obj, key, memory_obj, random_obj
 
 
 @pytest.mark.parametrize("policy", ["direct", "page-cache", "dual"])
@@ -243,3 +244,33 @@ def test_the_store_wide_budget_places_objects(make_adapter: MakeAdapter) -> None
     assert where is not None
     assert where.medium == "page-cache"
     assert adapter.placement(keys[9]).medium == "direct"  # stored objects are not moved
+
+
+@pytest.mark.parametrize("policy", ["direct", "page-cache"])
+def test_aligned_objects_load_straight_into_lmcache_memory(
+    make_adapter: MakeAdapter, policy: str
+) -> None:
+    """LMCache's L1 is 4096-aligned (``--l1-align-bytes 4096``): its objects take the store's
+    reads themselves, with no copy thread and no copy (dualblade.store.read_layer_straight)."""
+    adapter = make_adapter(policy)
+    drive = Driver(adapter)
+    size, n = 64 << 10, 4
+    with AlignedBuffer(2 * n * size) as l1:
+        memory = l1.tensor()
+        torch.manual_seed(5)
+        memory[: n * size] = torch.randint(0, 256, (n * size,), dtype=torch.uint8)
+        sources = [memory_obj(memory[i * size : (i + 1) * size]) for i in range(n)]
+        targets = [memory_obj(memory[(n + i) * size : (n + i + 1) * size]) for i in range(n)]
+        keys = [key(f"aligned-{i}") for i in range(n)]
+        assert drive.store(keys, sources).is_successful()
+        before = adapter.stats().store
+        assert drive.lookup(keys) == [True] * n
+        assert drive.load(keys, targets) == [True] * n
+        adapter.submit_unlock(keys)
+        assert [digest(t) for t in targets] == [digest(s) for s in sources]
+        after = adapter.stats().store
+        path = "direct" if policy == "direct" else "page-cache"
+        assert after["read_bytes"][path] - before["read_bytes"].get(path, 0) == n * size
+        # no copy thread moved these loads: no transfer, no host copy out of a pinned buffer
+        assert after["co_dma"] == before["co_dma"]
+        del sources, targets, memory

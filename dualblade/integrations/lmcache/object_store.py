@@ -21,18 +21,21 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import torch
 
 from dualblade.integrations.lmcache.index import Entry, ObjectIndex
 from dualblade.integrations.lmcache.objects import (
+    KVImage,
     ObjectShapeError,
     kv_image,
     object_bytes,
     unstage,
 )
 from dualblade.integrations.lmcache.params import ObjectGeometry
+from dualblade.io_engine import BorrowedBuffer
 from dualblade.logs import get_logger
 from dualblade.pipeline import KpuId, Medium
-from dualblade.store import ContextDemand, KVContext, KVStore
+from dualblade.store import ContextDemand, KVContext, KVStore, read_layer_straight
 
 _log = get_logger(__name__)
 
@@ -230,8 +233,10 @@ class ObjectStore:
                     f"the load buffer holds {flat.numel()} bytes; the object has {entry.size}"
                 )
             image = kv_image(flat, self.geometry, fill=False)
-            await entry.slot.ctx.read(0, out=(image.k, image.v))
-            unstage(image, flat)
+            ctx = entry.slot.ctx
+            if image.staged is not None or not await self._read_straight(ctx, flat, image):
+                await ctx.read(0, out=(image.k, image.v))
+                unstage(image, flat)
         except Exception as error:
             self.counters.load_failures += 1
             _log.warning("object not loaded", key=str(key), error=str(error))
@@ -242,6 +247,18 @@ class ObjectStore:
         self.counters.load_hits += 1
         self.counters.load_bytes += entry.size
         return True
+
+    @staticmethod
+    async def _read_straight(ctx: KVContext, flat: torch.Tensor, image: KVImage) -> bool:
+        """Read the object's K and V straight into LMCache's memory, without a copy thread
+        (:func:`dualblade.store.read_layer_straight`); False where the store cannot (memory
+        not aligned as the direct target needs, say), and the caller reads through one."""
+        memory = BorrowedBuffer(flat)  # the object's bytes: K's rows, then V's
+        try:
+            k_bytes = image.k.numel() * image.k.element_size()
+            return await read_layer_straight(ctx, 0, memory, (0, k_bytes))
+        finally:
+            memory.close()
 
     async def placement(self, key: Hashable) -> Placement | None:
         """Where the object of ``key`` was placed (None: no such object)."""
