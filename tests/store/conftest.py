@@ -103,6 +103,21 @@ def random_kv(config: PipelineConfig, rows: int, seed: int) -> tuple[torch.Tenso
     return k, v
 
 
+async def prefill_and_append(
+    ctx: Any, config: PipelineConfig, layers: int = 4, prompt_len: int = 40
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Write ``prompt_len`` seeded rows to each of ``layers`` layers and append one more; the K
+    and V each layer then holds (both write paths, so a read is checked against both)."""
+    expected = {}
+    for layer in range(layers):
+        k, v = random_kv(config, prompt_len, seed=layer)
+        await ctx.write(layer, k, v)
+        row_k, row_v = random_kv(config, 1, seed=50 + layer)
+        await ctx.append(layer, row_k, row_v)
+        expected[layer] = (torch.cat([k, row_k]), torch.cat([v, row_v]))
+    return expected
+
+
 @pytest.fixture(autouse=True)
 def _fresh_structlog() -> Iterator[None]:
     """Undo the CLI's ``structlog.configure`` (it binds the test's captured stderr)."""

@@ -7,7 +7,7 @@ import torch
 
 from dualblade.store import ReadBuffers, open_store
 
-from .conftest import MakeConfig, random_kv
+from .conftest import MakeConfig, prefill_and_append, random_kv
 
 pytestmark = pytest.mark.anyio
 
@@ -20,13 +20,7 @@ def host_copies(store) -> int:
 async def test_reads_into_read_buffers_keep_every_byte(make_config: MakeConfig, policy: str):
     config = make_config(policy, "aligned", prompt_len=40, max_new_tokens=4)
     async with open_store(config, device="cpu") as store, store.context() as ctx:
-        expected = {}
-        for layer in range(4):
-            k, v = random_kv(config, 40, seed=layer)
-            await ctx.write(layer, k, v)
-            row_k, row_v = random_kv(config, 1, seed=50 + layer)
-            await ctx.append(layer, row_k, row_v)
-            expected[layer] = (torch.cat([k, row_k]), torch.cat([v, row_v]))
+        expected = await prefill_and_append(ctx, config)
         with ctx.read_buffers() as buffers:
             assert buffers.k.shape == (44, config.workload.batch, config.shape().kv_width)
             for layer, (k, v) in expected.items():

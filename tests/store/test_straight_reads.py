@@ -8,7 +8,7 @@ import torch
 from dualblade.io_engine import AlignedBuffer, BorrowedBuffer
 from dualblade.store import open_store, read_layer_straight
 
-from .conftest import MakeConfig, random_kv
+from .conftest import MakeConfig, prefill_and_append, random_kv
 
 pytestmark = pytest.mark.anyio
 
@@ -22,13 +22,7 @@ def views(memory: AlignedBuffer, like: torch.Tensor, offset: int) -> torch.Tenso
 async def test_every_policy_reads_every_byte_straight(make_config: MakeConfig, policy: str):
     config = make_config(policy, "aligned", prompt_len=40, max_new_tokens=4)
     async with open_store(config, device="cpu") as store, store.context() as ctx:
-        expected = {}
-        for layer in range(4):
-            k, v = random_kv(config, 40, seed=layer)
-            await ctx.write(layer, k, v)
-            row_k, row_v = random_kv(config, 1, seed=50 + layer)
-            await ctx.append(layer, row_k, row_v)
-            expected[layer] = (torch.cat([k, row_k]), torch.cat([v, row_v]))
+        expected = await prefill_and_append(ctx, config)
         half = expected[0][0].numel() * expected[0][0].element_size()
         before = store.stats()
         with AlignedBuffer(2 * half) as memory:
