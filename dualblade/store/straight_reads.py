@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from dualblade.actors import DirectSpan, PageCacheSpan, check_write_back, count_residency
 from dualblade.io_engine import AlignedBuffer, IOFailedError
 from dualblade.pipeline import RowRange, TensorKind
+from dualblade.store.tensor_shape import requested_rows
 
 if TYPE_CHECKING:
     from dualblade.store.context import KVContext
@@ -45,7 +46,8 @@ async def read_layer_straight(
     :meth:`KVContext.read` then.
 
     Raises:
-        ContextClosedError, KVShapeError: a closed context, a layer out of range.
+        ContextClosedError, KVShapeError: a closed context, a layer out of range or never
+            written.
         LayerLostError: an earlier write of the layer failed or was cancelled.
         IOFailedError: the read failed (the caller's memory holds partial bytes).
     """
@@ -54,7 +56,7 @@ async def read_layer_straight(
     ctx._check_layer(layer)
     async with ctx._layer_locks[layer]:
         ctx._check_intact(layer)
-        rows = RowRange(0, ctx.length(layer))
+        rows = RowRange(*requested_rows(None, ctx.length(layer), layer))
         spans = []
         kinds: tuple[TensorKind, TensorKind] = ("K", "V")
         for kind, offset in zip(kinds, offsets, strict=True):

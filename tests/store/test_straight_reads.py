@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dualblade.io_engine import AlignedBuffer, BorrowedBuffer
-from dualblade.store import open_store, read_layer_straight
+from dualblade.store import KVShapeError, open_store, read_layer_straight
 
 from .conftest import MakeConfig, prefill_and_append, random_kv
 
@@ -102,3 +102,13 @@ async def test_a_borrowed_tensor_takes_direct_reads(make_config: MakeConfig):
             assert torch.equal(flat[:half].view(k.dtype).view(k.shape), k)
             assert torch.equal(flat[half:].view(v.dtype).view(v.shape), v)
             del flat
+
+
+async def test_a_layer_never_written_is_refused_as_read_refuses_it(make_config: MakeConfig):
+    config = make_config("dual", "aligned", prompt_len=16, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        with AlignedBuffer(1 << 20) as memory:
+            with pytest.raises(KVShapeError, match="never written"):
+                await read_layer_straight(ctx, 1, memory, (0, 1 << 19))
+            with pytest.raises(KVShapeError, match="layer must be in"):
+                await read_layer_straight(ctx, 99, memory, (0, 1 << 19))
