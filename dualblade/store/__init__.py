@@ -13,7 +13,8 @@ layer's medium to the span that moves it. Code above the store reads ``KVStore.s
 - :mod:`.dtypes`: dtype names and torch dtypes; :mod:`.errors`: what a context raises;
 - :mod:`.residency_ledger`, :mod:`.share_policy`, :mod:`.replanner`, :mod:`.layer_moves`,
   :mod:`.context_storage`: one page-cache budget for all contexts, and live re-planning;
-- :mod:`.straight_reads`: a whole layer read into the caller's host memory, no copy thread.
+- :mod:`.straight_transfers`: a whole layer between storage and the caller's host memory, no
+  copy thread.
 """
 
 from dualblade.store.blocking import BlockingContext as BlockingContext
@@ -34,7 +35,9 @@ from dualblade.store.residency_ledger import LedgerSnapshot as LedgerSnapshot
 from dualblade.store.share_policy import ContextDemand as ContextDemand
 from dualblade.store.share_policy import FairShares as FairShares
 from dualblade.store.share_policy import FirstComeShares as FirstComeShares
+from dualblade.store.share_policy import NewcomerShare as NewcomerShare
 from dualblade.store.share_policy import SharePolicy as SharePolicy
 from dualblade.store.stats import CoDmaStats as CoDmaStats
 from dualblade.store.stats import StoreStats as StoreStats
-from dualblade.store.straight_reads import read_layer_straight as read_layer_straight
+from dualblade.store.straight_transfers import read_layer_straight as read_layer_straight
+from dualblade.store.straight_transfers import write_layer_straight as write_layer_straight

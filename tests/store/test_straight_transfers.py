@@ -1,12 +1,20 @@
-"""Straight reads: a whole layer from storage into the caller's host memory, no copy thread."""
+"""Straight transfers: a whole layer between storage and the caller's host memory, no copy
+thread: byte-exact on every policy, counted per path, declined where memory cannot take it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dualblade.io_engine import AlignedBuffer, BorrowedBuffer
-from dualblade.store import KVShapeError, open_store, read_layer_straight
+from dualblade.io_engine import AlignedBuffer, BorrowedBuffer, IOFailedError, Target
+from dualblade.store import (
+    KVShapeError,
+    LayerLostError,
+    open_store,
+    read_layer_straight,
+    write_layer_straight,
+)
+from dualblade.testing import FaultKind, FaultPolicy, FaultyTarget
 
 from .conftest import MakeConfig, prefill_and_append, random_kv
 
@@ -112,3 +120,84 @@ async def test_a_layer_never_written_is_refused_as_read_refuses_it(make_config: 
                 await read_layer_straight(ctx, 1, memory, (0, 1 << 19))
             with pytest.raises(KVShapeError, match="layer must be in"):
                 await read_layer_straight(ctx, 99, memory, (0, 1 << 19))
+
+
+def _memory_holding(k: torch.Tensor, v: torch.Tensor) -> tuple[AlignedBuffer, int]:
+    """Aligned memory with K's bytes, then V's; and V's offset."""
+    half = k.numel() * k.element_size()
+    memory = AlignedBuffer(2 * half)
+    views(memory, k, 0).copy_(k)
+    views(memory, v, half).copy_(v)
+    return memory, half
+
+
+@pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "cache-policy", "baseline"])
+async def test_every_policy_writes_every_byte_straight(make_config: MakeConfig, policy: str):
+    config = make_config(policy, "aligned", prompt_len=40, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        before = store.stats()
+        expected = {}
+        for layer in range(4):
+            k, v = random_kv(config, 40, seed=layer)
+            memory, half = _memory_holding(k, v)
+            with memory:
+                assert await write_layer_straight(ctx, layer, memory, (0, half), 40)
+            expected[layer] = (k, v)
+        after = store.stats()
+        assert sum(after.write_bytes.values()) - sum(before.write_bytes.values()) == 4 * 2 * half
+        assert after.co_dma == before.co_dma  # no copy thread took part
+        for layer, (k, v) in expected.items():
+            assert ctx.length(layer) == 40
+            got_k, got_v = await ctx.read(layer)  # through the copy threads, as any reader
+            assert torch.equal(got_k, k)
+            assert torch.equal(got_v, v)
+        # and a decode step appends after a straight prefill as after any other
+        row_k, row_v = random_kv(config, 1, seed=99)
+        assert await ctx.append(0, row_k, row_v) == 41
+        got_k, _ = await ctx.read(0)
+        assert torch.equal(got_k, torch.cat([expected[0][0], row_k]))
+
+
+async def test_a_declined_write_leaves_the_layer_as_it_was(make_config: MakeConfig):
+    config = make_config("direct", "aligned", prompt_len=16, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=1)
+        await ctx.write(0, k, v)
+        new_k, new_v = random_kv(config, 16, seed=2)
+        memory, half = _memory_holding(new_k, new_v)
+        with memory:
+            unaligned = BorrowedBuffer(memory.tensor(count=2 * half - 4096, offset=1))
+            assert not await write_layer_straight(ctx, 0, unaligned, (0, half - 4096), 16)
+            unaligned.close()
+            with pytest.raises(KVShapeError, match="a context holds"):
+                await write_layer_straight(ctx, 0, memory, (0, half), 0)
+        got_k, got_v = await ctx.read(0)
+        assert torch.equal(got_k, k)
+        assert torch.equal(got_v, v)
+        assert store.stats().write_bytes.get("direct", 0) == 2 * half  # the first write only
+
+
+async def test_a_failed_straight_write_loses_the_layer_until_rewritten(make_config: MakeConfig):
+    config = make_config("direct", "aligned", prompt_len=16, max_new_tokens=4)
+    faulty: list[FaultyTarget] = []
+
+    def wrap(target: Target) -> Target:
+        faulty.append(FaultyTarget(target, FaultPolicy(1.0, kinds=(FaultKind.EIO,))))
+        return faulty[0]
+
+    async with (
+        open_store(config, device="cpu", wrap_direct=wrap) as store,
+        store.context() as ctx,
+    ):
+        k, v = random_kv(config, 16, seed=3)
+        memory, half = _memory_holding(k, v)
+        with memory:
+            with pytest.raises(IOFailedError, match="EIO"):
+                await write_layer_straight(ctx, 0, memory, (0, half), 16)
+            with pytest.raises(LayerLostError):
+                await read_layer_straight(ctx, 0, memory, (0, half))
+            faulty[0].policy.enabled = False
+            assert await write_layer_straight(ctx, 0, memory, (0, half), 16)
+        got_k, got_v = await ctx.read(0)
+        assert torch.equal(got_k, k)
+        assert torch.equal(got_v, v)
