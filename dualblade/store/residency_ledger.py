@@ -74,7 +74,12 @@ class ResidencyLedger:
         self.budget_bytes = max(0, budget_bytes)
         self.policy: SharePolicy = policy if policy is not None else FairShares()
         self._entries: dict[int, _Entry] = {}
+        # kept as charges come and go: summing the entries on every question was O(contexts)
+        # per admission, and an LMCache adapter holds a context per object (hundreds of
+        # thousands on a large disk)
+        self._placed = 0
         self._arrivals = itertools.count()
+        self._newest: int | None = None  # the context registered last
         self.demotions = 0
         self.promotions = 0
         self.failed_moves = 0  # moves that failed (the layer stayed where it was)
@@ -91,17 +96,24 @@ class ResidencyLedger:
             raise ValueError(f"order {order} is not a permutation of {len(layer_bytes)} layers")
         demand = ContextDemand(context, next(self._arrivals), tuple(layer_bytes[i] for i in order))
         self._entries[context] = _Entry(demand, order, tuple(layer_bytes))
+        self._newest = context
 
     def unregister(self, context: int) -> None:
         """The context is gone and its pages with it: credit everything it held."""
-        self._entries.pop(context, None)
+        entry = self._entries.pop(context, None)
+        if entry is not None:
+            self._placed -= entry.charged_bytes()
 
     def admit(self, context: int) -> tuple[int, ...]:
         """The layers a context just registered may place now: the first of its order, its
         target share cut to what is free (the rest comes later, by promotion, as others give
         room)."""
         entry = self._entries[context]
-        target = self.targets().get(context, 0)
+        newcomer = getattr(self.policy, "newcomer_share", None)
+        if newcomer is not None and context == self._newest:
+            target = int(newcomer(self.budget_bytes, entry.demand))  # see NewcomerShare
+        else:
+            target = self.targets().get(context, 0)
         left = self.free_bytes
         n = 0
         for size in entry.demand.layer_bytes[:target]:
@@ -130,12 +142,14 @@ class ResidencyLedger:
                 f"{self.free_bytes} B of the {self.budget_bytes} B page-cache budget are free"
             )
         entry.charged.add(layer)
+        self._placed += entry.sizes[layer]
 
     def credit(self, context: int, layer: int) -> None:
         """Credit a layer after its pages are gone."""
         entry = self._entries.get(context)
-        if entry is not None:
+        if entry is not None and layer in entry.charged:
             entry.charged.discard(layer)
+            self._placed -= entry.sizes[layer]
 
     def charged_layers(self, context: int) -> frozenset[int]:
         entry = self._entries.get(context)
@@ -162,7 +176,7 @@ class ResidencyLedger:
 
     @property
     def placed_bytes(self) -> int:
-        return sum(entry.charged_bytes() for entry in self._entries.values())
+        return self._placed
 
     @property
     def free_bytes(self) -> int:

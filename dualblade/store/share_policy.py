@@ -48,6 +48,18 @@ class SharePolicy(Protocol):
     def shares(self, budget: int, demands: Sequence[ContextDemand]) -> Mapping[int, int]: ...
 
 
+class NewcomerShare(Protocol):
+    """What a policy may add: the share of the newest context, without the others' demands.
+
+    Admitting a context asks for its share only. Where a policy's answer for the newest context
+    does not depend on the others (the LMCache adapter's newest-first policy), the ledger asks
+    this instead of running :meth:`SharePolicy.shares` over every live context: with a context
+    per stored object that pass made each admission O(objects), 16 ms at 100,000 objects.
+    """
+
+    def newcomer_share(self, budget: int, demand: ContextDemand) -> int: ...
+
+
 class FairShares:
     """Max-min fair by bytes: repeatedly give the next layer to the context that holds the
     fewest bytes and whose next layer still fits (the older context on a tie)."""

@@ -62,3 +62,70 @@ def test_a_charge_past_the_budget_is_refused_and_names_the_layer():
 def test_an_order_that_is_not_a_permutation_is_refused():
     with pytest.raises(ValueError, match="not a permutation"):
         ResidencyLedger(10).register(1, (1, 1), (0, 0))
+
+
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["register", "charge", "credit", "unregister"]), st.data()),
+        max_size=60,
+    )
+)
+def test_the_running_total_is_the_sum_of_what_each_context_holds(steps):
+    """``placed_bytes`` is kept as charges come and go (not summed per question): it must stay
+    the sum of every live context's charged layers through any sequence of changes."""
+    ledger = ResidencyLedger(1 << 40)
+    live: dict[int, int] = {}  # context -> layers
+    next_id = 0
+    for action, data in steps:
+        if action == "register" or not live:
+            layers = data.draw(st.integers(1, 6))
+            sizes = tuple(data.draw(st.integers(1, 1000)) for _ in range(layers))
+            ledger.register(next_id, sizes)
+            live[next_id] = layers
+            next_id += 1
+            continue
+        context = data.draw(st.sampled_from(sorted(live)))
+        layer = data.draw(st.integers(0, live[context] - 1))
+        if action == "charge":
+            ledger.charge(context, layer)  # twice is once
+        elif action == "credit":
+            ledger.credit(context, layer)  # an uncharged layer credits nothing
+        else:
+            ledger.unregister(context)
+            del live[context]
+        assert ledger.placed_bytes == sum(ledger.snapshot().shares.values())
+
+
+class _CountingNewestFirst:
+    """Newest first, counting the passes over every context that admission should not need."""
+
+    def __init__(self) -> None:
+        self.seen = 0  # demands looked at, over every call
+
+    def shares(self, budget, demands):
+        self.seen += len(demands)
+        left, result = budget, {}
+        for demand in sorted(demands, key=lambda d: -d.arrival):
+            n = 0
+            while n < len(demand.layer_bytes) and demand.layer_bytes[n] <= left:
+                left -= demand.layer_bytes[n]
+                n += 1
+            result[demand.context] = n
+        return result
+
+    def newcomer_share(self, budget, demand):
+        return self.shares(budget, [demand])[demand.context]
+
+
+def test_admission_asks_a_newcomer_share_policy_for_the_newcomer_only():
+    policy = _CountingNewestFirst()
+    ledger = ResidencyLedger(5 * LAYER, policy)
+    for context in range(4):
+        ledger.register(context, (LAYER, LAYER))
+        for layer in ledger.admit(context):
+            ledger.charge(context, layer)
+    # each admission looked at the newcomer alone: 4 demands, not 1 + 2 + 3 + 4
+    assert policy.seen == 4
+    # the newest took its share of the whole budget, cut to what the older ones left free
+    assert [len(ledger.charged_layers(c)) for c in range(4)] == [2, 2, 1, 0]
+    assert ledger.placed_bytes == 5 * LAYER

@@ -35,7 +35,13 @@ from dualblade.integrations.lmcache.params import ObjectGeometry
 from dualblade.io_engine import BorrowedBuffer
 from dualblade.logs import get_logger
 from dualblade.pipeline import KpuId, Medium
-from dualblade.store import ContextDemand, KVContext, KVStore, read_layer_straight
+from dualblade.store import (
+    ContextDemand,
+    KVContext,
+    KVStore,
+    read_layer_straight,
+    write_layer_straight,
+)
 
 _log = get_logger(__name__)
 
@@ -66,6 +72,18 @@ class NewestFirst:
                 n += 1
             result[demand.context] = n
         return result
+
+    def newcomer_share(self, budget: int, demand: ContextDemand) -> int:
+        """The newest context's share, which :meth:`shares` gives it first and whole: the
+        ledger asks this on admission, with no pass over the other objects
+        (:class:`dualblade.store.NewcomerShare`)."""
+        n, left = 0, max(0, budget)
+        for size in demand.layer_bytes:
+            if size > left:
+                break
+            left -= size
+            n += 1
+        return n
 
 
 @dataclass
@@ -159,7 +177,8 @@ class ObjectStore:
         slot: Slot | None = None
         try:
             slot = await self._open(image.rows)
-            await slot.ctx.write(0, image.k, image.v)
+            if image.staged is not None or not await self._straight(slot.ctx, flat, image):
+                await slot.ctx.write(0, image.k, image.v)
         except BaseException as error:
             if slot is not None:
                 await slot.close()
@@ -234,7 +253,7 @@ class ObjectStore:
                 )
             image = kv_image(flat, self.geometry, fill=False)
             ctx = entry.slot.ctx
-            if image.staged is not None or not await self._read_straight(ctx, flat, image):
+            if image.staged is not None or not await self._straight(ctx, flat, image, load=True):
                 await ctx.read(0, out=(image.k, image.v))
                 unstage(image, flat)
         except Exception as error:
@@ -249,14 +268,19 @@ class ObjectStore:
         return True
 
     @staticmethod
-    async def _read_straight(ctx: KVContext, flat: torch.Tensor, image: KVImage) -> bool:
-        """Read the object's K and V straight into LMCache's memory, without a copy thread
-        (:func:`dualblade.store.read_layer_straight`); False where the store cannot (memory
-        not aligned as the direct target needs, say), and the caller reads through one."""
+    async def _straight(
+        ctx: KVContext, flat: torch.Tensor, image: KVImage, *, load: bool = False
+    ) -> bool:
+        """Move the object's K and V straight between LMCache's memory and storage, without a
+        copy thread (:mod:`dualblade.store`'s straight transfers); False where the store
+        cannot (memory not aligned as the direct target needs, say), and the caller moves
+        the object through the copy threads."""
         memory = BorrowedBuffer(flat)  # the object's bytes: K's rows, then V's
         try:
-            k_bytes = image.k.numel() * image.k.element_size()
-            return await read_layer_straight(ctx, 0, memory, (0, k_bytes))
+            offsets = (0, image.k.numel() * image.k.element_size())
+            if load:
+                return await read_layer_straight(ctx, 0, memory, offsets)
+            return await write_layer_straight(ctx, 0, memory, offsets, image.rows)
         finally:
             memory.close()
 
