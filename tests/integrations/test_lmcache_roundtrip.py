@@ -247,11 +247,12 @@ def test_the_store_wide_budget_places_objects(make_adapter: MakeAdapter) -> None
 
 
 @pytest.mark.parametrize("policy", ["direct", "page-cache"])
-def test_aligned_objects_load_straight_into_lmcache_memory(
+def test_aligned_objects_move_straight_between_lmcache_memory_and_storage(
     make_adapter: MakeAdapter, policy: str
 ) -> None:
-    """LMCache's L1 is 4096-aligned (``--l1-align-bytes 4096``): its objects take the store's
-    reads themselves, with no copy thread and no copy (dualblade.store.read_layer_straight)."""
+    """LMCache's L1 is 4096-aligned (``--l1-align-bytes 4096``): storage reads into its objects
+    and writes from them itself, with no copy thread and no copy (the store's straight
+    transfers)."""
     adapter = make_adapter(policy)
     drive = Driver(adapter)
     size, n = 64 << 10, 4
@@ -262,8 +263,10 @@ def test_aligned_objects_load_straight_into_lmcache_memory(
         sources = [memory_obj(memory[i * size : (i + 1) * size]) for i in range(n)]
         targets = [memory_obj(memory[(n + i) * size : (n + i + 1) * size]) for i in range(n)]
         keys = [key(f"aligned-{i}") for i in range(n)]
+        initial = adapter.stats().store
         assert drive.store(keys, sources).is_successful()
         before = adapter.stats().store
+        assert before["co_dma"] == initial["co_dma"]  # the stores went straight too
         assert drive.lookup(keys) == [True] * n
         assert drive.load(keys, targets) == [True] * n
         adapter.submit_unlock(keys)
