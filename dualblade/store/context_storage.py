@@ -59,6 +59,9 @@ class ContextHoldings:
 
     async def shared_map(self) -> LbaMap:
         """The run of the layers the plan put on the direct path, claimed on first use."""
+        if self._shared_map is not None:
+            # claimed already: no lock, whose acquire costs a trip through the event loop
+            return self._shared_map
         async with self._lock:
             if self._shared_map is None:
                 tensors = [
@@ -74,6 +77,9 @@ class ContextHoldings:
         layer, else a run of its own, claimed on first use."""
         if layer in self._planned_direct:
             return await self.shared_map()
+        claimed = self._own_runs.get(layer)
+        if claimed is not None:
+            return claimed[1]
         async with self._lock:
             own = self._own_runs.get(layer)
             if own is None:
