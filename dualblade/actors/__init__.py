@@ -6,6 +6,7 @@ message types are exported beside it; :mod:`.spans` holds the storage spans the 
 drive (the :class:`StorageSpan` protocol's implementations, one per path).
 """
 
+from dualblade.actors import fast_sync as fast_sync
 from dualblade.actors._base import Actor as Actor
 from dualblade.actors._base import ActorStoppedError as ActorStoppedError
 from dualblade.actors._base import Reply as Reply

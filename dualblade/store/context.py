@@ -31,6 +31,7 @@ from dualblade.actors import (
     TransferStats,
     check_write_back,
     count_residency,
+    fast_sync,
 )
 from dualblade.io_engine import IOEngine, IOFailedError, PageCacheFile, Target
 from dualblade.logs import get_logger
@@ -255,7 +256,7 @@ class KVContext:
         try:
             # Waiting for the layer's lock (a move) counts as part of the write: cancelled
             # there, the layer is lost as the contract says, whatever it still holds.
-            async with self._layer_locks[layer]:
+            async with fast_sync.holding(self._layer_locks[layer]):
                 await self._both(
                     lambda t: self._store_message(layer, t, span, k if t == "K" else v)
                 )
@@ -279,7 +280,7 @@ class KVContext:
         self._check_layer(layer)
         k_row = self.tensor_shape.normalize("k_row", k_row, 1)
         v_row = self.tensor_shape.normalize("v_row", v_row, 1)
-        async with self._layer_locks[layer]:
+        async with fast_sync.holding(self._layer_locks[layer]):
             self._check_intact(layer)
             t = self._lengths[layer]
             if t >= self.max_len:
@@ -325,7 +326,7 @@ class KVContext:
         """
         self._check_layer(layer)
         # Under the layer's lock: a write or append started before this read lands first.
-        async with self._layer_locks[layer]:
+        async with fast_sync.holding(self._layer_locks[layer]):
             self._check_intact(layer)
             start, stop = requested_rows(rows, self._lengths[layer], layer)
             shape = (stop - start, self.batch, self.width)

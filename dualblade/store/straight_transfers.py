@@ -18,14 +18,16 @@ and move nothing.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import anyio
-
-from dualblade.actors import DirectSpan, PageCacheSpan, check_write_back, count_residency
+from dualblade.actors import (
+    DirectSpan,
+    PageCacheSpan,
+    check_write_back,
+    count_residency,
+    fast_sync,
+)
 from dualblade.io_engine import AlignedBuffer, IOFailedError
 from dualblade.pipeline import RowRange, TensorKind
 from dualblade.store.errors import KVShapeError
@@ -35,21 +37,6 @@ if TYPE_CHECKING:
     from dualblade.store.context import KVContext
 
 _KINDS: tuple[TensorKind, TensorKind] = ("K", "V")
-
-
-@contextlib.asynccontextmanager
-async def _holding(lock: anyio.Lock) -> AsyncIterator[None]:
-    """``lock``, taken without a trip through the event loop when it is free (anyio's
-    ``acquire`` always checkpoints: a third of a 1 MiB load's Python went there); the
-    transfer's own I/O is the checkpoint."""
-    try:
-        lock.acquire_nowait()
-    except anyio.WouldBlock:
-        await lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 def _alignment(span: Any) -> int:
@@ -114,7 +101,7 @@ async def read_layer_straight(
     if ctx._runtime.device.type != "cpu":
         return False
     ctx._check_layer(layer)
-    async with _holding(ctx._layer_locks[layer]):
+    async with fast_sync.holding(ctx._layer_locks[layer]):
         ctx._check_intact(layer)
         rows = RowRange(*requested_rows(None, ctx.length(layer), layer))
         spans = await _spans_at(ctx, layer, rows, memory, offsets)
@@ -158,7 +145,7 @@ async def write_layer_straight(
         raise KVShapeError(f"write of {rows} rows; a context holds 1..{ctx.max_len} rows")
     try:
         # Waiting for the layer's lock (a move) counts as part of the write, as in write().
-        async with _holding(ctx._layer_locks[layer]):
+        async with fast_sync.holding(ctx._layer_locks[layer]):
             spans = await _spans_at(ctx, layer, RowRange(0, rows), memory, offsets)
             if spans is None:
                 return False
