@@ -88,7 +88,8 @@ async def read_layer_straight(
     ``offsets[1]``, each as ``[rows, batch, width]`` with no gaps; True once they landed.
 
     A page-cache span that ``mincore`` finds wholly resident is copied on the spot (a
-    ``preadv``, GIL released): a trip through the ring and back costs more than the copy.
+    ``preadv`` that never waits for the disk, GIL released): a trip through the ring and back
+    costs more than the copy. What was evicted in between is read through the ring.
 
     False (nothing read): see the module docstring; read with :meth:`KVContext.read` then.
 
@@ -117,9 +118,18 @@ async def read_layer_straight(
         one = _as_one(spans)
         for span in [one] if one is not None else spans:
             if isinstance(span, PageCacheSpan) and span.missing == 0:
-                span.read_resident_into(memory)  # a memory copy: no ring round trip
-            else:
-                await span.read_into(memory)
+                got = span.read_cached_into(memory)  # a memory copy: no ring round trip
+                if got == span.nbytes:
+                    continue
+                # evicted since it was looked up: the rest comes from the disk
+                span = span.piece(span.buffer_offset + got, span.nbytes - got)
+                span.missing = span.nbytes
+                try:
+                    await check_write_back(span)
+                except IOFailedError:
+                    ctx._lost.add(layer)
+                    raise
+            await span.read_into(memory)
     return True
 
 

@@ -147,6 +147,9 @@ class FaultyPageCacheFile(PageCacheFile):
     def pread_blocking(self, view: memoryview, offset: int) -> int:
         return self._injector.on_call("read", view, offset, super().pread_blocking)
 
+    def pread_cached(self, view: memoryview, offset: int) -> int:
+        return self._injector.on_call("read", view, offset, super().pread_cached)
+
     def pwrite_blocking(self, view: memoryview, offset: int) -> int:
         return self._injector.on_call("write", view, offset, super().pwrite_blocking)
 

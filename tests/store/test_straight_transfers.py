@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.io_engine import AlignedBuffer, BorrowedBuffer, IOFailedError, Target
+from dualblade.io_engine import (
+    AlignedBuffer,
+    BorrowedBuffer,
+    IOFailedError,
+    PageCacheFile,
+    Target,
+)
 from dualblade.store import (
     KVShapeError,
     LayerLostError,
@@ -201,3 +207,46 @@ async def test_a_failed_straight_write_loses_the_layer_until_rewritten(make_conf
         got_k, got_v = await ctx.read(0)
         assert torch.equal(got_k, k)
         assert torch.equal(got_v, v)
+
+
+async def test_pages_evicted_after_the_lookup_are_read_from_the_disk(
+    make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
+):
+    """mincore said resident, then the kernel dropped pages before the copy: the copy never
+    waits for the disk (RWF_NOWAIT) and stops at the first missing page; the rest goes through
+    the ring. Simulated by a cached read that returns the first 4 KiB only."""
+    config = make_config("page-cache", "aligned", prompt_len=40, max_new_tokens=4)
+    real = PageCacheFile.pread_cached
+    calls: list[int] = []
+
+    def first_page_only(self: PageCacheFile, view: memoryview, offset: int) -> int:
+        calls.append(offset)
+        if len(calls) % 2 == 0:
+            return 0  # the next page was evicted
+        with view[:4096] as page:
+            return real(self, page, offset)
+
+    monkeypatch.setattr(PageCacheFile, "pread_cached", first_page_only)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        k, v = random_kv(config, 40, seed=13)
+        await ctx.write(0, k, v)
+        half = k.numel() * k.element_size()
+        before = store.stats().read_bytes.get("page-cache", 0)
+        with AlignedBuffer(2 * half) as memory:
+            assert await read_layer_straight(ctx, 0, memory, (0, half))
+            assert torch.equal(views(memory, k, 0), k)
+            assert torch.equal(views(memory, v, half), v)
+        assert len(calls) == 4  # K and V: one page each, then a miss
+        assert store.stats().read_bytes["page-cache"] - before == 2 * half  # each byte once
+
+
+def test_a_cached_read_takes_only_what_the_page_cache_holds(tmp_path):
+    with PageCacheFile(tmp_path / "f", 1 << 20) as file, AlignedBuffer(1 << 20) as memory:
+        memory.view[:] = b"\x5a" * (1 << 20)
+        assert file.pwrite_blocking(memory.view, 0) == 1 << 20
+        assert file.pread_cached(memory.view, 0) == 1 << 20  # just written: all cached
+        file.flush()
+        file.advise_dontneed()
+        if file.resident_bytes(0, 1 << 20):
+            pytest.skip("the kernel kept the pages after DONTNEED (a file system that pins them)")
+        assert file.pread_cached(memory.view, 0) == 0  # nothing waits for the disk

@@ -76,6 +76,23 @@ class PageCacheFile(Target):
         self._mmap: mmap.mmap | None = None
 
     # -- fadvise hooks -------------------------------------------------------------------------
+    def pread_cached(self, view: memoryview, offset: int) -> int:
+        """``preadv2`` with ``RWF_NOWAIT`` into ``view``: the bytes from ``offset`` on that are
+        in the page cache now, never waiting for the disk; 0 where the first page is not
+        cached (``EAGAIN``) or the kernel cannot say (``EOPNOTSUPP``).
+
+        Raises:
+            OSError: any other error of the read.
+        """
+        try:
+            return os.preadv(self.fd, [view], offset, os.RWF_NOWAIT)
+        except (BlockingIOError, InterruptedError):
+            return 0
+        except OSError as error:
+            if error.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                return 0
+            raise
+
     def advise_dontneed(self, offset: int = 0, length: int = 0) -> None:
         """Drop clean cached pages of the range (length 0: to the end); dirty pages stay."""
         os.posix_fadvise(self.fd, offset, length, os.POSIX_FADV_DONTNEED)
