@@ -9,8 +9,8 @@ Load it in LMCache's multiprocess server (or ``lmcache bench l2``, or
 (``adapter_params``: :mod:`.params`). How it runs: the adapter owns one thread with an event loop
 (an anyio blocking portal), and the store, with its actors and its io_uring ring thread, runs on
 that loop. LMCache's controller threads never wait on I/O: each ``submit_*`` takes a task id and
-hands the work to the loop (no thread per request; a task per key there, and the store's copy
-threads and queue depth bound what is in flight), and the loop records the result and signals
+hands the work to the loop (no thread per request; a task per key there, and the ring's queue
+depth bounds what is in flight), and the loop records the result and signals
 the kind's eventfd. Objects map to store contexts (:mod:`.object_store`), so the store's budget
 places each one on the page-cache path or the direct path, and evicting or deleting one TRIMs
 its blocks.

@@ -3,8 +3,9 @@
 A memory object is a contiguous CPU tensor of any dtype; the store holds float16 rows
 (:class:`~.params.ObjectGeometry`). Its bytes are seen as ``2 * rows`` rows: the first half is
 the layer's K, the second its V, each ``[rows, 1, row_elements]``. Where the object fills those
-rows exactly (1 MiB objects do) the K and V tensors are views of LMCache's own memory, so the
-store's copy threads move the bytes straight between it and storage, with no copy of ours. An
+rows exactly (1 MiB objects do) the K and V tensors are views of LMCache's own memory, so
+storage reads into it and writes from it itself (the store's straight transfers, where the
+memory is aligned as the target needs; its copy threads otherwise), with no copy of ours. An
 object that does not (a size that is not a multiple of two rows, or a start that is not 2-byte
 aligned) goes through a zero-padded staging tensor of its padded size, made for that transfer
 only.

@@ -51,10 +51,11 @@ DEFAULT_OBJECT_SIZE = 1 << 20
 #: Capacity when neither the params nor the direct target's extent say.
 DEFAULT_CAPACITY = 4 << 30
 #: Laid over the embedded default (not over a user's file): LMCache keeps many objects in flight,
-#: so more copy threads for stores, each moving one object's K or V at a time. Loads read
-#: straight from the ring into LMCache's memory, a 1 MiB object's K and V as one request, so
-#: chunks of 1 MiB: in ``dualblade lmcache-bench`` all-direct loads ran at 1557 MB/s with them
-#: against 1388-1408 with 256 KiB chunks. The page-cache share follows the budget (the
+#: so more copy threads for the objects that cannot move straight (unaligned or ragged ones),
+#: each moving one object's K or V at a time. Aligned objects move straight between the ring and
+#: LMCache's memory, a 1 MiB object's K and V as one request, so chunks of 1 MiB: in
+#: ``dualblade lmcache-bench`` all-direct loads ran at 1557 MB/s with them against 1388-1408
+#: with 256 KiB chunks. The page-cache share follows the budget (the
 #: embedded default pins Algorithm 1's X at 32 MiB to show both paths on a small model).
 ADAPTER_DEFAULTS: dict[str, Any] = {
     "copy_threads": 8,
