@@ -67,6 +67,16 @@ async def _spans_at(
     return spans
 
 
+def _traced(ctx: KVContext, what: str, layer: int, spans: list[Any]) -> Any:
+    """A slice on the trace's ``straight`` track, as a copy thread records its transfers (the
+    I/O chunks are on the engine's track either way)."""
+    nbytes = sum(span.nbytes for span in spans)
+    paths = "+".join(sorted({span.path for span in spans}))
+    return ctx._runtime.tracer.span(
+        "straight", f"{what} ctx {ctx.id} layer {layer}", bytes=nbytes, path=paths
+    )
+
+
 def _as_one(spans: list[Any]) -> Any | None:
     """K and V as one direct span where their blocks and their memory both follow each other,
     as they do in a one-layer run: one request instead of two."""
@@ -116,21 +126,28 @@ async def read_layer_straight(
                 ctx._lost.add(layer)  # the file's bytes on disk are older than those written
                 raise
         one = _as_one(spans)
-        for span in [one] if one is not None else spans:
-            if isinstance(span, PageCacheSpan) and span.missing == 0:
-                got = span.read_cached_into(memory)  # a memory copy: no ring round trip
-                if got == span.nbytes:
-                    continue
-                # evicted since it was looked up: the rest comes from the disk
-                span = span.piece(span.buffer_offset + got, span.nbytes - got)
-                span.missing = span.nbytes
-                try:
-                    await check_write_back(span)
-                except IOFailedError:
-                    ctx._lost.add(layer)
-                    raise
-            await span.read_into(memory)
+        with _traced(ctx, "load", layer, spans):
+            await _read_spans(ctx, layer, memory, [one] if one is not None else spans)
     return True
+
+
+async def _read_spans(ctx: KVContext, layer: int, memory: AlignedBuffer, spans: list[Any]) -> None:
+    """Read each span into ``memory``: a resident page-cache span by a copy on the spot, what
+    was evicted since its lookup and every other span through the ring."""
+    for span in spans:
+        if isinstance(span, PageCacheSpan) and span.missing == 0:
+            got = span.read_cached_into(memory)  # a memory copy: no ring round trip
+            if got == span.nbytes:
+                continue
+            # evicted since it was looked up: the rest comes from the disk
+            span = span.piece(span.buffer_offset + got, span.nbytes - got)
+            span.missing = span.nbytes
+            try:
+                await check_write_back(span)
+            except IOFailedError:
+                ctx._lost.add(layer)
+                raise
+        await span.read_into(memory)
 
 
 async def write_layer_straight(
@@ -160,8 +177,9 @@ async def write_layer_straight(
             if spans is None:
                 return False
             one = _as_one(spans)
-            for span in [one] if one is not None else spans:
-                await span.write_from(memory)
+            with _traced(ctx, "store", layer, spans):
+                for span in [one] if one is not None else spans:
+                    await span.write_from(memory)
             ctx._lost.discard(layer)
             ctx._lengths[layer] = rows
     except BaseException:

@@ -20,6 +20,7 @@ from dualblade.store import (
     read_layer_straight,
     write_layer_straight,
 )
+from dualblade.telemetry import Tracer
 from dualblade.testing import FaultKind, FaultPolicy, FaultyTarget
 
 from .conftest import MakeConfig, prefill_and_append, random_kv
@@ -250,3 +251,22 @@ def test_a_cached_read_takes_only_what_the_page_cache_holds(tmp_path):
         if file.resident_bytes(0, 1 << 20):
             pytest.skip("the kernel kept the pages after DONTNEED (a file system that pins them)")
         assert file.pread_cached(memory.view, 0) == 0  # nothing waits for the disk
+
+
+async def test_straight_transfers_are_on_the_trace(make_config: MakeConfig):
+    config = make_config("dual", "aligned", prompt_len=16, max_new_tokens=4)
+    tracer = Tracer()
+    async with open_store(config, device="cpu", tracer=tracer) as store, store.context() as ctx:
+        k, v = random_kv(config, 16, seed=21)
+        memory, half = _memory_holding(k, v)
+        with memory:
+            for layer in (0, 1):  # one page-cache layer and one direct (dual, knob_x)
+                assert await write_layer_straight(ctx, layer, memory, (0, half), 16)
+                assert await read_layer_straight(ctx, layer, memory, (0, half))
+    events = tracer.document()["traceEvents"]
+    slices = [(e["name"], e["args"]) for e in events if e.get("ph") == "X"]
+    straight = [(name, args) for name, args in slices if " layer " in name and "ctx" in name]
+    assert {name.split()[0] for name, _ in straight} == {"store", "load"}
+    assert {args["path"] for _, args in straight} == {"page-cache", "direct"}
+    assert all(args["bytes"] == 2 * half for _, args in straight)
+    assert "straight" in tracer.tracks()
