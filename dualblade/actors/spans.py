@@ -211,9 +211,9 @@ class PageCacheSpan(_Placement):
         """Read what of the span is in the page cache into ``buffer``, on this thread and never
         waiting for the disk (``RWF_NOWAIT``); returns the bytes read, a prefix of the span.
 
-        For a span that :func:`count_residency` found wholly resident the read is a memory
-        copy (GIL released), cheaper than a trip through the ring and back; a page evicted
-        since then ends the prefix, and the caller reads the rest through the ring.
+        What is resident is a memory copy (GIL released), cheaper than a trip through the ring
+        and back; the first page that is not ends the prefix, and the caller reads the rest
+        through the ring. A dropped-after-use span (``evict``) drops the prefix it read.
 
         Raises:
             IOFailedError: the read failed.
@@ -237,8 +237,8 @@ class PageCacheSpan(_Placement):
                 done += moved
         if done:
             self.counters.add(self.path, read=done)
-        if done == self.nbytes and self.evict:
-            self.file.advise_dontneed(self.file_offset, self.nbytes)
+            if self.evict:
+                self.file.advise_dontneed(self.file_offset, done)
         return done
 
     host_direct = True

@@ -97,9 +97,10 @@ async def read_layer_straight(
     """Read all written rows of ``layer``'s K into ``memory`` at ``offsets[0]`` and its V at
     ``offsets[1]``, each as ``[rows, batch, width]`` with no gaps; True once they landed.
 
-    A page-cache span that ``mincore`` finds wholly resident is copied on the spot (a
-    ``preadv`` that never waits for the disk, GIL released): a trip through the ring and back
-    costs more than the copy. What was evicted in between is read through the ring.
+    A page-cache span is first copied on the spot from what the page cache holds (a ``preadv``
+    that never waits for the disk, GIL released): a trip through the ring and back costs more
+    than the copy, and the copy itself says what was resident, so no ``mincore`` is asked. What
+    was not resident is looked up, checked for a failed write-back and read through the ring.
 
     False (nothing read): see the module docstring; read with :meth:`KVContext.read` then.
 
@@ -118,36 +119,30 @@ async def read_layer_straight(
         spans = await _spans_at(ctx, layer, rows, memory, offsets)
         if spans is None:
             return False
-        for span in spans:
-            count_residency(span)
-            try:
-                await check_write_back(span)
-            except IOFailedError:
-                ctx._lost.add(layer)  # the file's bytes on disk are older than those written
-                raise
         one = _as_one(spans)
         with _traced(ctx, "load", layer, spans):
-            await _read_spans(ctx, layer, memory, [one] if one is not None else spans)
+            for span in [one] if one is not None else spans:
+                await _read_span(ctx, layer, memory, span)
     return True
 
 
-async def _read_spans(ctx: KVContext, layer: int, memory: AlignedBuffer, spans: list[Any]) -> None:
-    """Read each span into ``memory``: a resident page-cache span by a copy on the spot, what
-    was evicted since its lookup and every other span through the ring."""
-    for span in spans:
-        if isinstance(span, PageCacheSpan) and span.missing == 0:
-            got = span.read_cached_into(memory)  # a memory copy: no ring round trip
-            if got == span.nbytes:
-                continue
-            # evicted since it was looked up: the rest comes from the disk
-            span = span.piece(span.buffer_offset + got, span.nbytes - got)
-            span.missing = span.nbytes
-            try:
-                await check_write_back(span)
-            except IOFailedError:
-                ctx._lost.add(layer)
-                raise
-        await span.read_into(memory)
+async def _read_span(ctx: KVContext, layer: int, memory: AlignedBuffer, span: Any) -> None:
+    """Read one span into ``memory``: a page-cache span's resident prefix by a copy on the
+    spot (its bytes are the span's hits), the rest — and every other span — through the
+    ring, after the residency count and write-back check that a copy thread makes."""
+    if isinstance(span, PageCacheSpan):
+        got = span.read_cached_into(memory)
+        span.counters.add_lookup(got, got)  # resident when read: hits
+        if got == span.nbytes:
+            return
+        span = span.piece(span.buffer_offset + got, span.nbytes - got)
+    count_residency(span)
+    try:
+        await check_write_back(span)
+    except IOFailedError:
+        ctx._lost.add(layer)  # the file's bytes on disk are older than those written
+        raise
+    await span.read_into(memory)
 
 
 async def write_layer_straight(

@@ -213,9 +213,9 @@ async def test_a_failed_straight_write_loses_the_layer_until_rewritten(make_conf
 async def test_pages_evicted_after_the_lookup_are_read_from_the_disk(
     make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
 ):
-    """mincore said resident, then the kernel dropped pages before the copy: the copy never
-    waits for the disk (RWF_NOWAIT) and stops at the first missing page; the rest goes through
-    the ring. Simulated by a cached read that returns the first 4 KiB only."""
+    """Pages the page cache no longer holds: the copy on the spot never waits for the disk
+    (RWF_NOWAIT) and stops at the first missing page; the rest goes through the ring. Simulated
+    by a cached read that returns the first 4 KiB only."""
     config = make_config("page-cache", "aligned", prompt_len=40, max_new_tokens=4)
     real = PageCacheFile.pread_cached
     calls: list[int] = []
