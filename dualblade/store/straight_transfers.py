@@ -163,8 +163,8 @@ async def write_layer_straight(
     if ctx._runtime.device.type != "cpu":
         return False
     ctx._check_layer(layer)
-    if not 0 < rows <= ctx.max_len:
-        raise KVShapeError(f"write of {rows} rows; a context holds 1..{ctx.max_len} rows")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 0 < rows <= ctx.max_len:
+        raise KVShapeError(f"write of {rows!r} rows; a context holds 1..{ctx.max_len} rows")
     try:
         # Waiting for the layer's lock (a move) counts as part of the write, as in write().
         async with fast_sync.holding(ctx._layer_locks[layer]):

@@ -178,6 +178,9 @@ async def test_a_declined_write_leaves_the_layer_as_it_was(make_config: MakeConf
             unaligned.close()
             with pytest.raises(KVShapeError, match="a context holds"):
                 await write_layer_straight(ctx, 0, memory, (0, half), 0)
+            for bad in (21, True, 2.0):  # past max_len (20), and rows that are not an int
+                with pytest.raises(KVShapeError, match="a context holds"):
+                    await write_layer_straight(ctx, 0, memory, (0, half), bad)
         got_k, got_v = await ctx.read(0)
         assert torch.equal(got_k, k)
         assert torch.equal(got_v, v)
