@@ -2,36 +2,36 @@
 
 Used where io_uring is unavailable (``kernel.io_uring_disabled``, seccomp, old kernels) or when
 compat mode is ``on``. It keeps the same request, chunking, queue-depth and cancellation rules as
-the ring: at most ``queue_depth`` chunks run at once, a cancelled request stops handing out chunks
-and reports back only after the running ones have returned.
+the ring: at most ``queue_depth`` chunks of each lane run at once, a cancelled request stops
+handing out chunks and reports back only after the running ones have returned.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
 from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError, IOFailedError
 
 
 class ThreadPoolBackend:
-    """Chunks of requests executed by ``queue_depth`` worker threads."""
+    """Chunks of requests executed by ``queue_depth`` worker threads per lane."""
 
     def __init__(self, queue_depth: int = 32, *, name: str = "compat") -> None:
         if queue_depth < 1:
             raise ValueError(f"queue_depth must be at least 1, got {queue_depth}")
         self.queue_depth = queue_depth
-        self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix=name)
+        self._pool = ThreadPoolExecutor(
+            max_workers=len(LANES) * queue_depth, thread_name_prefix=name
+        )
         self._lock = threading.Lock()
-        self._ready: deque[IORequest] = deque()
-        self._running = 0
+        self._queues = LaneQueues(queue_depth)
         self._closed = False
         self.chunks_submitted = 0
-        self.peak_inflight = 0
 
     def submit(self, request: IORequest) -> None:
         if request.target.passthrough or not request.target.threadpool_capable:
@@ -45,13 +45,18 @@ class ThreadPoolBackend:
             if request.length == 0 and request.kind is not Kind.TRIM:
                 request.start_empty()
                 return
-            self._ready.append(request)
+            self._queues.add(request)
             self._fill_locked()
 
     @property
     def inflight(self) -> int:
         """Chunks running now."""
-        return self._running
+        return self._queues.inflight
+
+    @property
+    def peak_inflight(self) -> int:
+        """The most chunks that ran at once, over all lanes."""
+        return self._queues.peak_inflight
 
     def cancel(self, request: IORequest) -> None:
         with self._lock:
@@ -69,16 +74,10 @@ class ThreadPoolBackend:
         self._pool.shutdown(wait=True)
 
     def _fill_locked(self) -> None:
-        while self._ready and self._running < self.queue_depth:
-            request = self._ready[0]
-            chunk = request.next_chunk()
-            if chunk is None:
-                self._ready.popleft()
-                continue
+        while (taken := self._queues.next_chunk()) is not None:
+            request, chunk = taken
             request.chunk_started()
-            self._running += 1
             self.chunks_submitted += 1
-            self.peak_inflight = max(self.peak_inflight, self._running)
             self._pool.submit(self._execute, request, *chunk)
 
     def _execute(self, request: IORequest, rel: int, size: int) -> None:
@@ -103,12 +102,12 @@ class ThreadPoolBackend:
         except BaseException as other:
             error = other
         with self._lock:
-            self._running -= 1
+            self._queues.chunk_finished(request)
             if error is not None:
                 request.chunk_failed(error)
             else:
                 had_retries = bool(request.retries)
                 request.chunk_done(rel, size, transferred)
-                if request.retries and not had_retries and request not in self._ready:
-                    self._ready.appendleft(request)
+                if request.retries and not had_retries:
+                    self._queues.add_first(request)
             self._fill_locked()

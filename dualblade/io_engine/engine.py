@@ -3,7 +3,8 @@
 ``await engine.pread(target, buf, size, file_offset)`` moves ``size`` bytes and returns the byte
 count; ``engine.read(...)`` is the blocking form for sync callers. Large requests are split into
 chunks of at most ``min(target.max_transfer, max_chunk)`` and up to ``queue_depth`` chunks are in
-flight at once, across all requests.
+flight at once, across all requests of a lane: the device's, and the page cache's (buffered files),
+so that memory copies never wait behind device commands (:mod:`._lanes`).
 
 Compat mode (``on | off | auto``, default ``auto`` or ``$DUALBLADE_COMPAT``): ``auto`` uses the
 io_uring ring and falls back to the thread-pool ``preadv``/``pwritev`` engine when io_uring cannot
@@ -47,7 +48,9 @@ class Backend(Protocol):
 
     queue_depth: int
     chunks_submitted: int
-    peak_inflight: int
+
+    @property
+    def peak_inflight(self) -> int: ...
 
     @property
     def inflight(self) -> int: ...
@@ -72,7 +75,8 @@ class IOEngine:
     """Moves bytes between aligned buffers and storage targets.
 
     Args:
-        queue_depth: chunks in flight at most, over all requests.
+        queue_depth: chunks in flight at most, over all requests of one lane (the device,
+            the page cache).
         compat: ``on``, ``off`` or ``auto`` (see the module notes).
         passthrough: the ring must carry NVMe commands (128-byte SQEs, 32-byte CQEs).
         max_chunk: cap on the chunk size below each target's ``max_transfer``.
@@ -144,7 +148,8 @@ class IOEngine:
 
     @property
     def peak_inflight(self) -> int:
-        """The most chunks that were in flight at once (never above ``queue_depth``)."""
+        """The most chunks that were in flight at once, over all lanes (at most ``queue_depth``
+        in each)."""
         return self._backend.peak_inflight
 
     def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None:

@@ -5,11 +5,11 @@ without locks. Other threads talk to it through an inbox (a deque) and wake it t
 that the ring itself keeps a READ posted on: waiting for "a completion or a new request" is one
 ``io_uring_submit_and_wait`` call, made inside C with the GIL released.
 
-The thread keeps up to ``queue_depth`` chunks in flight and refills the queue as soon as
-completions are reaped. A request's buffer stays referenced by the in-flight table until every
-CQE of it has been reaped, also after its caller was cancelled: cancellation stops further
-chunks and asks the kernel to cancel the posted ones, but the request only reports back once the
-kernel has let go of the memory.
+The thread keeps up to ``queue_depth`` chunks in flight per lane (the device, the page cache:
+:mod:`._lanes`) and refills the queue as soon as completions are reaped. A request's buffer stays
+referenced by the in-flight table until every CQE of it has been reaped, also after its caller
+was cancelled: cancellation stops further chunks and asks the kernel to cancel the posted ones,
+but the request only reports back once the kernel has let go of the memory.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from time import perf_counter
 from typing import Any
 
 from dualblade.io_engine import _liburing, _uapi, opcodes
+from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
 from dualblade.io_engine._ring_setup import init_ring
 from dualblade.io_engine.buffers import AlignedBuffer
@@ -47,7 +48,7 @@ class Ring:
     """An io_uring instance driven by a dedicated thread.
 
     Args:
-        queue_depth: chunks kept in flight at most.
+        queue_depth: chunks kept in flight at most, per lane.
         passthrough: set up 128-byte SQEs and 32-byte CQEs for NVMe commands.
         name: thread name, for debuggers and traces.
 
@@ -70,7 +71,7 @@ class Ring:
         self._eventfd = os.eventfd(0, os.EFD_CLOEXEC)
         self._eventfd_buf = ctypes.create_string_buffer(8)
         self._inbox: deque[tuple[str, Any]] = deque()
-        self._ready: deque[IORequest] = deque()
+        self._queues = LaneQueues(queue_depth)
         self._inflight: dict[int, tuple[IORequest, int, int, opcodes.Op, float]] = {}
         #: Called on the ring thread for every completed chunk when set (tracing, latency logs):
         #: ``observer(target, op, offset, length, submitted_s, completed_s, result)``.
@@ -82,7 +83,6 @@ class Ring:
         self._stopping = False
         self._fatal: BaseException | None = None
         self.chunks_submitted = 0
-        self.peak_inflight = 0
         self.setup_flags = 0
         self._setup_done = threading.Event()
         self._setup_error: list[BaseException] = []  # filled by the ring thread
@@ -97,7 +97,7 @@ class Ring:
     def _setup(self) -> None:
         """Create the ring on the ring thread: with SINGLE_ISSUER the creator is the submitter."""
         self.setup_flags = init_ring(
-            self.lib, self._ring, self.queue_depth, passthrough=self.passthrough
+            self.lib, self._ring, len(LANES) * self.queue_depth, passthrough=self.passthrough
         )
 
     # -- API used by other threads ---------------------------------------------------------------
@@ -130,6 +130,11 @@ class Ring:
         done.wait()
         if outcome[0] is not None:
             raise outcome[0]
+
+    @property
+    def peak_inflight(self) -> int:
+        """The most chunks that were in flight at once, over all lanes."""
+        return self._queues.peak_inflight
 
     @property
     def inflight(self) -> int:
@@ -172,7 +177,7 @@ class Ring:
             while True:
                 self._drain_inbox()
                 self._fill()
-                if self._stopping and not self._ready and len(self._inflight) == 0:
+                if self._stopping and not self._queues and len(self._inflight) == 0:
                     break
                 rc = self._submit_and_wait()
                 if rc < 0 and -rc not in (errno.EINTR, errno.EAGAIN, errno.EBUSY, errno.ETIME):
@@ -218,7 +223,7 @@ class Ring:
                 if request.length == 0 and request.kind is not Kind.TRIM:
                     request.start_empty()
                 else:
-                    self._ready.append(request)
+                    self._queues.add(request)
             elif what == "cancel":
                 self._cancel(payload)
             elif what == "call":
@@ -237,18 +242,14 @@ class Ring:
         while self._pending_cancels:
             target_ud = self._pending_cancels.pop()
             opcodes.AsyncCancel(target_ud).build(lib, self._get_sqe(), _UD_IGNORE)
-        ready, inflight = self._ready, self._inflight
-        while ready and len(inflight) < self.queue_depth:
-            request = ready[0]
-            chunk = request.next_chunk()
-            if chunk is None:
-                ready.popleft()
-                continue
+        queues, inflight = self._queues, self._inflight
+        while (taken := queues.next_chunk()) is not None:
+            request, chunk = taken
             rel, size = chunk
             op = self._op_for(request, rel, size)
             sqe: int | None = lib.io_uring_get_sqe(ring)
             if not sqe:
-                request.push_back(chunk)
+                queues.give_back(request, chunk)
                 break
             ud = self._next_ud
             self._next_ud += 1
@@ -256,8 +257,6 @@ class Ring:
             inflight[ud] = (request, rel, size, op, perf_counter() if self.observer else 0.0)
             request.chunk_started()
             self.chunks_submitted += 1
-        if len(inflight) > self.peak_inflight:
-            self.peak_inflight = len(inflight)
 
     def _op_for(self, request: IORequest, rel: int, size: int) -> opcodes.Op:
         target = request.target
@@ -303,6 +302,7 @@ class Ring:
 
     def _complete(self, ud: int, res: int, extra: int) -> None:
         request, rel, size, _op, submitted = self._inflight.pop(ud)
+        self._queues.chunk_finished(request)
         if self.observer is not None:
             self.observer(
                 request.target.name,
@@ -324,8 +324,8 @@ class Ring:
             request.chunk_failed(error)
             return
         request.chunk_done(rel, size, transferred)
-        if request.retries and not request.stopped and request not in self._ready:
-            self._ready.appendleft(request)
+        if request.retries and not request.stopped:
+            self._queues.add_first(request)
 
     def _do_register(self, buffers: Sequence[AlignedBuffer]) -> None:
         if self._registered_buffers:
@@ -358,7 +358,7 @@ class Ring:
         posted = {id(entry[0]): entry[0] for entry in self._inflight.values()}
         for request in posted.values():
             request.abandon_under_dma(wrapped)
-        for request in self._ready:
+        for request in self._queues.waiting():
             if id(request) not in posted and not request.finished:
                 request.abandon(wrapped)
 

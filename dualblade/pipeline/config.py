@@ -289,7 +289,10 @@ class PipelineConfig(_Section):
         default=2, ge=1, le=64, description="Copy threads, one pinned KPU each."
     )
     queue_depth: int = Field(
-        default=32, ge=1, le=4096, description="Chunks in flight per copy thread."
+        default=32,
+        ge=1,
+        le=4096,
+        description="Chunks in flight per I/O path (the direct device, the page-cache files).",
     )
     max_chunk: Size = Field(
         default=2**20, gt=0, description="Largest single I/O; the target's MDTS may lower it."

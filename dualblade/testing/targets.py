@@ -44,6 +44,7 @@ class FaultyTarget(Target):
         self.passthrough = inner.passthrough
         self.threadpool_capable = inner.threadpool_capable
         self.max_trim = inner.max_trim
+        self.lane = inner.lane
         self._injector = Injector(inner.name, inner.lba_size, policy, self.log)
 
     def limit_to(self, start: int, end: int) -> None:

@@ -28,6 +28,9 @@ class Target(ABC):
         passthrough: needs a ring with 128-byte SQEs and 32-byte CQEs (NVMe commands).
         threadpool_capable: can be served by the pread/pwrite compatibility engine.
         max_trim: the largest range one trim command covers.
+        lane: the engine's queue it waits in; each lane has ``queue_depth`` chunks in flight
+            of its own (``"device"``, or ``"page-cache"`` for buffered files: see
+            :mod:`dualblade.io_engine._lanes`).
     """
 
     name: str
@@ -42,6 +45,7 @@ class Target(ABC):
     max_trim: int = 1 << 62
     #: ``IOSQE_*`` flags set on every read and write command to this target.
     sqe_flags: int = 0
+    lane: str = "device"
 
     # -- validation ---------------------------------------------------------------------------
     def check_io(self, op: str, offset: int, length: int, address: int | None) -> None:

@@ -43,6 +43,8 @@ class PageCacheFile(Target):
     """
 
     sqe_flags = IOSQE_ASYNC
+    #: A copy out of (or into) memory must not queue behind the device's chunks.
+    lane = "page-cache"
 
     def __init__(
         self, path: str | os.PathLike[str], size: int, *, max_transfer: int = 1 << 20

@@ -1,0 +1,160 @@
+"""Lanes: the device's chunks and the page cache's queue apart, each ``queue_depth`` deep.
+
+A buffered read of cached pages must not wait behind device commands queued before it
+(:mod:`dualblade.io_engine._lanes`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, PageCacheFile
+from dualblade.io_engine._lanes import LANES, LaneQueues
+from dualblade.io_engine._request import IORequest, Kind
+
+CHUNK = 64 << 10
+
+
+@dataclass
+class _LaneOnly:
+    """All a lane queue asks of a request's target."""
+
+    lane: str
+
+
+def _request(lane: str, chunks: int) -> IORequest:
+    return IORequest(Kind.READ, _LaneOnly(lane), None, 0, chunks * CHUNK, 0, CHUNK, lambda: None)  # type: ignore[arg-type]
+
+
+def test_each_lane_has_its_own_depth() -> None:
+    queues = LaneQueues(queue_depth=2)
+    device, page_cache = _request("device", 10), _request("page-cache", 10)
+    queues.add(device)
+    queues.add(page_cache)
+    started = []
+    while (taken := queues.next_chunk()) is not None:
+        started.append(taken[0])
+    assert started.count(device) == 2
+    assert started.count(page_cache) == 2
+    assert queues.inflight == 4
+    assert queues.peak_inflight == 4
+    queues.chunk_finished(device)
+    taken = queues.next_chunk()
+    assert taken is not None
+    assert taken[0] is device
+    assert queues.next_chunk() is None
+
+
+def test_a_page_cache_read_passes_a_device_backlog() -> None:
+    queues = LaneQueues(queue_depth=1)
+    backlog = [_request("device", 64) for _ in range(4)]
+    for request in backlog:
+        queues.add(request)
+    queues.add(late := _request("page-cache", 1))
+    first = queues.next_chunk()
+    second = queues.next_chunk()
+    assert {first[0], second[0]} == {backlog[0], late}  # type: ignore[index]
+
+
+def test_a_chunk_given_back_is_handed_out_again_and_frees_its_slot() -> None:
+    queues = LaneQueues(queue_depth=1)
+    queues.add(request := _request("device", 3))
+    taken = queues.next_chunk()
+    assert taken is not None
+    assert queues.next_chunk() is None
+    queues.give_back(*taken)
+    assert queues.lane_inflight("device") == 0
+    again = queues.next_chunk()
+    assert again == taken
+    queues.add_first(request)  # already queued: not twice
+    assert list(queues.waiting()) == [request]
+
+
+def test_a_finished_request_leaves_its_queue() -> None:
+    queues = LaneQueues(queue_depth=4)
+    queues.add(_request("page-cache", 1))
+    assert queues.next_chunk() is not None
+    assert queues.next_chunk() is None
+    assert not queues
+    assert list(queues.waiting()) == []
+
+
+def test_depth_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="queue_depth"):
+        LaneQueues(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    depth=st.integers(1, 4),
+    requests=st.lists(st.tuples(st.sampled_from(LANES), st.integers(1, 6)), min_size=1, max_size=8),
+    order=st.randoms(use_true_random=False),
+)
+def test_every_chunk_runs_once_and_no_lane_exceeds_its_depth(
+    depth: int, requests: list[tuple[str, int]], order: object
+) -> None:
+    queues = LaneQueues(depth)
+    made = [_request(lane, chunks) for lane, chunks in requests]
+    for request in made:
+        queues.add(request)
+    running: list[tuple[IORequest, tuple[int, int]]] = []
+    seen: set[tuple[int, int]] = set()
+    while True:
+        while (taken := queues.next_chunk()) is not None:
+            running.append(taken)
+            key = (id(taken[0]), taken[1][0])
+            assert key not in seen
+            seen.add(key)
+        for lane in LANES:
+            assert queues.lane_inflight(lane) <= depth
+        if not running:
+            break
+        request, _chunk = running.pop(order.randrange(len(running)))  # type: ignore[attr-defined]
+        queues.chunk_finished(request)
+    assert len(seen) == sum(chunks for _, chunks in requests)
+    assert queues.inflight == 0
+    assert not queues
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compat", ["off", "on"], ids=["io_uring", "threadpool"])
+async def test_a_cached_read_finishes_while_a_device_read_queued_before_it_runs(
+    tmp_path: Path, compat: str
+) -> None:
+    """QD 1: a 16 MiB O_DIRECT read (256 chunks) is queued first; a page-cache read of one
+    chunk submitted behind it finishes long before it, with its bytes right. In one FIFO queue
+    it waited for every chunk of the device read."""
+    payload = os.urandom(CHUNK)
+    with (
+        IOEngine(queue_depth=1, compat=compat, max_chunk=CHUNK) as engine,
+        DirectFile(str(tmp_path / "direct.dat"), 16 << 20) as direct,
+        PageCacheFile(tmp_path / "cached.dat", CHUNK) as cached,
+        AlignedBuffer(16 << 20, huge=False) as big,
+        AlignedBuffer(CHUNK, huge=False) as small,
+    ):
+        small.view[:] = payload
+        await engine.pwrite(cached, small, CHUNK, 0)
+        small.view[:] = bytes(CHUNK)
+        device_done = anyio.Event()
+        device_was_running: list[bool] = []
+
+        async def device_read() -> None:
+            await engine.pread(direct, big, 16 << 20, 0)
+            device_done.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(device_read)
+            while engine.inflight == 0 and not device_done.is_set():
+                await anyio.sleep(0)
+            await engine.pread(cached, small, CHUNK, 0)
+            device_was_running.append(not device_done.is_set())
+        assert device_was_running == [True]
+        assert bytes(small.view) == payload
+        assert engine.peak_inflight == 2  # one chunk of each lane at once, beyond QD 1
