@@ -168,6 +168,13 @@ def _all_closed(actors: list[Actor[Any]]) -> Iterator[None]:
             actor.close()
 
 
+#: Seconds between the budgeter's readings of the memory limit and usage. A live context is
+#: re-planned from these readings, so this is how late a squeeze is noticed: at one reading a
+#: second the pressure preset spent 0.1-1.0 s of its 2 s recovery window before the first
+#: demotion could start. A reading costs a few cgroup file reads in a worker thread.
+BUDGET_POLL_S = 0.25
+
+
 @contextlib.asynccontextmanager
 async def start_runtime(
     config: PipelineConfig,
@@ -175,7 +182,7 @@ async def start_runtime(
     device: torch.device,
     tracer: Tracer = NULL_TRACER,
     memory_limit: int | None = None,
-    budget_interval: float = 1.0,
+    budget_interval: float = BUDGET_POLL_S,
     wrap_direct: Callable[[Target], Target] | None = None,
     page_cache_file: Callable[[Path, int], PageCacheFile] = PageCacheFile,
 ) -> AsyncIterator[Runtime]:
