@@ -29,10 +29,16 @@ from dualblade.errors import ConfigError
 
 #: A 24-layer, 1024-wide fp16 model, batch 8, 1000 + 40 tokens: 780 MiB of KV, decoded for
 #: 40 steps under a 1 GiB limit; the hog takes a quarter of the limit before step 20.
+#:
+#: Four copy threads, so the decode keeps four layers' reads in flight (``read_parallelism``).
+#: After the squeeze dual's layers alternate between the paths; with two layers ahead the
+#: device's next layer was requested only once the layer before it had been used, and the disk
+#: idled between direct layers (1.3-1.4x the floor), with three the two direct layers in flight
+#: often ended together (1.15-1.3x). docs/serving-bench.md has the measurements.
 PRESSURE_PIPELINE: dict[str, Any] = {
     "model": {"num_layers": 24, "hidden_size": 1024, "num_heads": 16, "dtype": "float16"},
     "workload": {"batch": 8, "prompt_len": 1000, "max_new_tokens": 40},
-    "copy_threads": 2,
+    "copy_threads": 4,
     "queue_depth": 32,
     "max_chunk": "1MiB",
     "memory": {"limit": "auto", "safety_margin": "192MiB"},
