@@ -57,7 +57,11 @@ class BudgeterActor(Actor[BudgeterMessage]):
     Args:
         read_budget: computes the current budget (may read /proc and /sys).
         interval: seconds between re-reads; 0 disables polling (fixed budgets).
-        min_change: bytes a new budget must differ by to be published.
+        min_change: bytes a new budget must differ by to be published. 32 MiB: with 64 MiB
+            and a reading every 0.25 s, a serving run's brief dip (a new request's tensors)
+            was published, and the readings that followed, 49 MiB higher, were not: the
+            budget stayed low for the rest of the run, and the drop came in one step of
+            64 MiB that the demotions took 0.2-0.4 s to follow (docs/serving-bench.md).
     """
 
     def __init__(
@@ -65,7 +69,7 @@ class BudgeterActor(Actor[BudgeterMessage]):
         read_budget: Callable[[], Budget],
         *,
         interval: float = 1.0,
-        min_change: int = 64 << 20,
+        min_change: int = 32 << 20,
         tracer: Tracer = NULL_TRACER,
     ) -> None:
         super().__init__("budgeter", tracer=tracer)

@@ -26,7 +26,7 @@ async def test_budget_change_replans_and_reprobes(make_config):
         async with store.context() as old:
             k, v = random_kv(config, 16, seed=1)
             await old.write(3, k, v)  # layer 3 is direct under the old plan
-            # The machine now has room for every layer (a change over min_change, 64 MiB).
+            # The machine now has room for every layer (a change over min_change).
             budget = fixed_budget(
                 100 << 20, pin_bytes=pin_bytes(config), copy_threads=config.copy_threads
             )
