@@ -21,9 +21,24 @@ from collections import deque
 from collections.abc import Iterator
 
 from dualblade.io_engine._request import IORequest
+from dualblade.io_engine.errors import IOEngineError
 
 #: The lanes, in the order a refill serves them.
 LANES = ("page-cache", "device")
+
+
+def check_lane(target: object) -> None:
+    """Refuse a target whose lane the engine does not have.
+
+    Raises:
+        IOEngineError: the lane is unknown; the message names the target and the lanes.
+    """
+    lane = getattr(target, "lane", None)
+    if lane not in LANES:
+        raise IOEngineError(
+            f"{getattr(target, 'name', target)}: unknown I/O lane {lane!r} "
+            f"(lanes: {', '.join(LANES)})"
+        )
 
 
 class LaneQueues:
@@ -47,7 +62,12 @@ class LaneQueues:
         return request.target.lane
 
     def add(self, request: IORequest) -> None:
-        """Queue ``request`` behind the others of its lane."""
+        """Queue ``request`` behind the others of its lane.
+
+        Raises:
+            IOEngineError: its target names a lane the engine does not have.
+        """
+        check_lane(request.target)
         self._waiting[self.lane_of(request)].append(request)
 
     def add_first(self, request: IORequest) -> None:

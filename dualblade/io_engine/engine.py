@@ -27,6 +27,7 @@ from typing import Literal, Protocol
 
 import anyio
 
+from dualblade.io_engine._lanes import check_lane
 from dualblade.io_engine._request import CancelledError, IORequest, Kind
 from dualblade.io_engine._threadpool import ThreadPoolBackend
 from dualblade.io_engine._waker import async_waker, blocking_waker
@@ -178,6 +179,7 @@ class IOEngine:
                 f"{target.name} takes NVMe passthrough commands: open the engine with "
                 "passthrough=True"
             )
+        check_lane(target)  # here, on the caller's thread: the ring thread must not raise
         address = None
         if buf is not None:
             if buf_offset < 0 or buf_offset + size > buf.size:

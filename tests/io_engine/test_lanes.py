@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, PageCacheFile
+from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOEngineError, PageCacheFile
 from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
 
@@ -86,6 +86,29 @@ def test_a_finished_request_leaves_its_queue() -> None:
     assert list(queues.waiting()) == []
 
 
+def test_a_target_of_an_unknown_lane_is_refused_by_name() -> None:
+    with pytest.raises(IOEngineError, match="unknown I/O lane 'tape'"):
+        LaneQueues(queue_depth=1).add(_request("tape", 1))
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("compat", ["off", "on"], ids=["io_uring", "threadpool"])
+async def test_the_engine_refuses_an_unknown_lane_and_keeps_working(
+    tmp_path: Path, compat: str
+) -> None:
+    """Refused on the caller's thread: raised on the ring thread it would kill the ring."""
+    with (
+        IOEngine(queue_depth=2, compat=compat, max_chunk=CHUNK) as engine,
+        DirectFile(str(tmp_path / "direct.dat"), 1 << 20) as direct,
+        AlignedBuffer(CHUNK, huge=False) as buffer,
+    ):
+        direct.lane = "tape"
+        with pytest.raises(IOEngineError, match=r"direct\.dat: unknown I/O lane 'tape'"):
+            await engine.pread(direct, buffer, CHUNK, 0)
+        direct.lane = "device"
+        assert await engine.pread(direct, buffer, CHUNK, 0) == CHUNK
+
+
 def test_depth_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="queue_depth"):
         LaneQueues(0)
@@ -128,33 +151,31 @@ def test_every_chunk_runs_once_and_no_lane_exceeds_its_depth(
 async def test_a_cached_read_finishes_while_a_device_read_queued_before_it_runs(
     tmp_path: Path, compat: str
 ) -> None:
-    """QD 1: a 16 MiB O_DIRECT read (256 chunks) is queued first; a page-cache read of one
-    chunk submitted behind it finishes long before it, with its bytes right. In one FIFO queue
-    it waited for every chunk of the device read."""
-    payload = os.urandom(CHUNK)
+    """QD 1, 4 KiB chunks: a 64 MiB O_DIRECT read (16,384 chunks) is queued first; a page-cache
+    read of one chunk submitted behind it finishes while most of the device read's chunks have
+    not even started, with its bytes right. In one FIFO queue it waited for all of them."""
+    small_chunk, device_bytes = 4096, 64 << 20
+    device_chunks = device_bytes // small_chunk
+    payload = os.urandom(small_chunk)
     with (
-        IOEngine(queue_depth=1, compat=compat, max_chunk=CHUNK) as engine,
-        DirectFile(str(tmp_path / "direct.dat"), 16 << 20) as direct,
-        PageCacheFile(tmp_path / "cached.dat", CHUNK) as cached,
-        AlignedBuffer(16 << 20, huge=False) as big,
-        AlignedBuffer(CHUNK, huge=False) as small,
+        IOEngine(queue_depth=1, compat=compat, max_chunk=small_chunk) as engine,
+        DirectFile(str(tmp_path / "direct.dat"), device_bytes) as direct,
+        PageCacheFile(tmp_path / "cached.dat", small_chunk) as cached,
+        AlignedBuffer(device_bytes, huge=False) as big,
+        AlignedBuffer(small_chunk, huge=False) as small,
     ):
         small.view[:] = payload
-        await engine.pwrite(cached, small, CHUNK, 0)
-        small.view[:] = bytes(CHUNK)
-        device_done = anyio.Event()
-        device_was_running: list[bool] = []
-
-        async def device_read() -> None:
-            await engine.pread(direct, big, 16 << 20, 0)
-            device_done.set()
+        await engine.pwrite(cached, small, small_chunk, 0)
+        small.view[:] = bytes(small_chunk)
+        before = engine.chunks_submitted
+        started_by_then: list[int] = []
 
         async with anyio.create_task_group() as tg:
-            tg.start_soon(device_read)
-            while engine.inflight == 0 and not device_done.is_set():
+            tg.start_soon(engine.pread, direct, big, device_bytes, 0)
+            while engine.chunks_submitted == before:
                 await anyio.sleep(0)
-            await engine.pread(cached, small, CHUNK, 0)
-            device_was_running.append(not device_done.is_set())
-        assert device_was_running == [True]
+            await engine.pread(cached, small, small_chunk, 0)
+            started_by_then.append(engine.chunks_submitted - before)
+        assert started_by_then[0] < device_chunks // 2
         assert bytes(small.view) == payload
         assert engine.peak_inflight == 2  # one chunk of each lane at once, beyond QD 1
