@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -10,10 +12,12 @@ from dualblade.bench.floor import (
     DecodeReads,
     FloorRates,
     PassTime,
+    _copy_through_map,
     decode_floor,
     measure_floor_rates,
 )
 from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
+from dualblade.io_engine import AlignedBuffer, PageCacheFile
 from dualblade.pipeline import PipelineConfig, config_from_mapping
 from dualblade.store import KVContext, open_store
 
@@ -123,3 +127,55 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
         assert rates.resident.nbytes == {"page-cache": 4}.get(policy, 2) * 2 * kpu
     else:
         assert rates.resident is None
+
+
+@pytest.mark.anyio
+async def test_the_baselines_file_passes_copy_through_its_map(tmp_path: Path) -> None:
+    """The baseline reads its files through a memory map, so its floor does too: read through
+    the engine, its misses were timed in another I/O shape and the floor was beaten."""
+    config = _config(tmp_path, "baseline")
+    buffers = read_buffers(config, "cpu")
+    memory = [b.landings[0].buffer for b in buffers if b.landings[0] is not None]
+    seen: list[FloorRates] = []
+    row = 4 * 512 * 2
+
+    async with open_store(config, device="cpu") as store:
+
+        async def after_decode(ctx: KVContext) -> None:
+            engine_read = ctx.engine.pread
+
+            async def refuse(*args: object, **kwargs: object) -> int:
+                raise AssertionError("a baseline file was read through the engine")
+
+            ctx.engine.pread = refuse  # type: ignore[method-assign]
+            try:
+                seen.append(await measure_floor_rates(store, ctx, memory, repeats=2))
+            finally:
+                ctx.engine.pread = engine_read  # type: ignore[method-assign]
+
+        await run_sweep_workload(
+            store,
+            decode_steps=3,
+            data=derive_kv(config, 0),
+            buffers=buffers,
+            after_decode=after_decode,
+        )
+    (rates,) = seen
+    assert rates.direct is None
+    assert rates.file_disk is None  # nothing left the page cache without a limit
+    assert rates.resident is not None
+    assert rates.resident.nbytes == 4 * 2 * 63 * row
+
+
+def test_a_copy_through_the_map_moves_the_files_bytes(tmp_path: Path) -> None:
+    payload = os.urandom(3 * 4096 + 100)
+    with (
+        PageCacheFile(tmp_path / "f.kv", 4 * 4096) as file,
+        AlignedBuffer(4 * 4096, huge=False) as buffer,
+    ):
+        os.pwrite(file.fd, payload, 0)
+        _copy_through_map(file, buffer, len(payload))
+        assert (
+            hashlib.sha256(buffer.view[: len(payload)]).digest() == hashlib.sha256(payload).digest()
+        )
+        assert bytes(buffer.view[len(payload) :]) == bytes(4 * 4096 - len(payload))
