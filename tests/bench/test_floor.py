@@ -86,19 +86,28 @@ def _config(tmp_path: Path, policy: str) -> PipelineConfig:
     )
 
 
-@pytest.mark.anyio
-@pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "cache-policy"])
-async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str) -> None:
-    config = _config(tmp_path, policy)
+async def _rates_after_a_decode(
+    config: PipelineConfig, *, refuse_engine_reads: bool = False
+) -> FloorRates:
+    """A 3-step decode of ``config``'s workload, then its floor's passes (two repetitions);
+    ``refuse_engine_reads``: the passes fail if they read through the store's engine."""
     buffers = read_buffers(config, "cpu")
     memory = [b.landings[0].buffer for b in buffers if b.landings[0] is not None]
     seen: list[FloorRates] = []
-    row = 4 * 512 * 2  # batch 4 x 512 halfs
+
+    async def refuse(*args: object, **kwargs: object) -> int:
+        raise AssertionError("the floor read through the engine")
 
     async with open_store(config, device="cpu") as store:
 
         async def after_decode(ctx: KVContext) -> None:
-            seen.append(await measure_floor_rates(store, ctx, memory, repeats=2))
+            engine_read = ctx.engine.pread
+            if refuse_engine_reads:
+                ctx.engine.pread = refuse  # type: ignore[method-assign]
+            try:
+                seen.append(await measure_floor_rates(store, ctx, memory, repeats=2))
+            finally:
+                ctx.engine.pread = engine_read  # type: ignore[method-assign]
 
         await run_sweep_workload(
             store,
@@ -108,6 +117,14 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
             after_decode=after_decode,
         )
     (rates,) = seen
+    return rates
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("policy", ["dual", "direct", "page-cache", "cache-policy"])
+async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str) -> None:
+    rates = await _rates_after_a_decode(_config(tmp_path, policy))
+    row = 4 * 512 * 2  # batch 4 x 512 halfs
     direct_layers = {"dual": 2, "direct": 4}.get(policy, 0)
     kpu = 63 * row  # the rows the decode had written at its end: 60 + 3
     if direct_layers:
@@ -133,38 +150,11 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
 async def test_the_baselines_file_passes_copy_through_its_map(tmp_path: Path) -> None:
     """The baseline reads its files through a memory map, so its floor does too: read through
     the engine, its misses were timed in another I/O shape and the floor was beaten."""
-    config = _config(tmp_path, "baseline")
-    buffers = read_buffers(config, "cpu")
-    memory = [b.landings[0].buffer for b in buffers if b.landings[0] is not None]
-    seen: list[FloorRates] = []
-    row = 4 * 512 * 2
-
-    async with open_store(config, device="cpu") as store:
-
-        async def after_decode(ctx: KVContext) -> None:
-            engine_read = ctx.engine.pread
-
-            async def refuse(*args: object, **kwargs: object) -> int:
-                raise AssertionError("a baseline file was read through the engine")
-
-            ctx.engine.pread = refuse  # type: ignore[method-assign]
-            try:
-                seen.append(await measure_floor_rates(store, ctx, memory, repeats=2))
-            finally:
-                ctx.engine.pread = engine_read  # type: ignore[method-assign]
-
-        await run_sweep_workload(
-            store,
-            decode_steps=3,
-            data=derive_kv(config, 0),
-            buffers=buffers,
-            after_decode=after_decode,
-        )
-    (rates,) = seen
+    rates = await _rates_after_a_decode(_config(tmp_path, "baseline"), refuse_engine_reads=True)
     assert rates.direct is None
     assert rates.file_disk is None  # nothing left the page cache without a limit
     assert rates.resident is not None
-    assert rates.resident.nbytes == 4 * 2 * 63 * row
+    assert rates.resident.nbytes == 4 * 2 * 63 * (4 * 512 * 2)
 
 
 def test_a_copy_through_the_map_moves_the_files_bytes(tmp_path: Path) -> None:
