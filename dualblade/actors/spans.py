@@ -275,27 +275,11 @@ class MmapSpan(_Placement):
     missing: int = 0
 
     def _copy(self, to_memory: bool, memory: memoryview) -> None:
-        """Copy the span between the mapping and ``memory`` (exactly its bytes).
-
-        A torch copy, as FlexLLMGen's ``copy_`` from its numpy memmap: it releases the GIL for
-        the whole copy, page faults included. A memoryview slice assignment would hold the GIL
-        throughout and stall every other Python thread of the process (the application's compute
-        among them) for as long as the kernel takes to fault the mapping's pages in.
-        """
-        mapping = memoryview(self.file.mmap())
-        file_bytes = torch.frombuffer(
-            mapping, dtype=torch.uint8, count=self.nbytes, offset=self.file_offset
-        )
-        memory_bytes = torch.frombuffer(memory, dtype=torch.uint8, count=self.nbytes)
+        """Copy the span between the mapping and ``memory`` (exactly its bytes)."""
         try:
-            if to_memory:
-                memory_bytes.copy_(file_bytes)
-            else:
-                file_bytes.copy_(memory_bytes)
+            self.file.copy_mapped(memory, self.file_offset, to_memory=to_memory)
         finally:
-            del file_bytes, memory_bytes  # they export the views: release needs them gone
             memory.release()
-            mapping.release()
 
     def _window(self, buffer: AlignedBuffer) -> memoryview:
         return buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes]

@@ -44,7 +44,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import torch
 
 from dualblade.io_engine import AlignedBuffer, PageCacheFile
 from dualblade.pipeline import KpuId, Medium
@@ -209,15 +208,9 @@ async def page_cache_reads(ctx: KVContext) -> list[tuple[PageCacheFile, int]]:
 
 def _copy_through_map(file: PageCacheFile, buffer: AlignedBuffer, nbytes: int) -> None:
     """The first ``nbytes`` of ``file`` into ``buffer`` through the file's shared mapping, as
-    the baseline's copy threads move a KPU (a torch copy: the GIL is released for the whole
-    copy, page faults included)."""
-    mapping = memoryview(file.mmap())
-    try:
-        buffer.tensor(torch.uint8, count=nbytes).copy_(
-            torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes)
-        )
-    finally:
-        mapping.release()
+    the baseline's copy threads move a KPU."""
+    with buffer.view[:nbytes] as window:
+        file.copy_mapped(window, 0, to_memory=True)
 
 
 async def _direct_pass(

@@ -200,6 +200,29 @@ class PageCacheFile(Target):
             self._mmap = mmap.mmap(self.fd, self.size)
         return self._mmap
 
+    def copy_mapped(self, memory: memoryview, offset: int, *, to_memory: bool) -> None:
+        """Copy ``len(memory)`` bytes between the file's mapping at ``offset`` and ``memory``.
+
+        A torch copy, as FlexLLMGen's ``copy_`` from its numpy memmap: it releases the GIL for
+        the whole copy, page faults included. A memoryview slice assignment would hold the GIL
+        throughout and stall every other Python thread of the process (the application's compute
+        among them) for as long as the kernel takes to fault the mapping's pages in.
+        """
+        import torch
+
+        mapping = memoryview(self.mmap())
+        nbytes = memory.nbytes
+        file_bytes = torch.frombuffer(mapping, dtype=torch.uint8, count=nbytes, offset=offset)
+        memory_bytes = torch.frombuffer(memory, dtype=torch.uint8, count=nbytes)
+        try:
+            if to_memory:
+                memory_bytes.copy_(file_bytes)
+            else:
+                file_bytes.copy_(memory_bytes)
+        finally:
+            del file_bytes, memory_bytes  # they export the views: release needs them gone
+            mapping.release()
+
     def resident_bytes(self, offset: int, length: int) -> int:
         """Bytes of ``[offset, offset + length)`` now in the page cache (``mincore``).
 
