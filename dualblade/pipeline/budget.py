@@ -2,7 +2,7 @@
 
 How ``B_pc`` is derived (DESIGN §2, the budgeter):
 
-    B_pc = max(0, limit - in_use - N_threads * M_pin - margin)
+    B_pc = max(0, limit - in_use - N_threads * M_pin - reserved - margin)
 
 - ``limit``: the memory limit the process runs under — the tighter of its cgroup's limit and the
   host's ``MemTotal``; without a cgroup limit, ``MemTotal``; or a limit given explicitly
@@ -15,6 +15,9 @@ How ``B_pc`` is derived (DESIGN §2, the budgeter):
 - ``N_threads * M_pin``: one pinned KPU-sized buffer per copy thread (Co-DMA), page-locked and
   therefore never available to the page cache. The caller passes it while the buffers are not
   allocated yet; once they are, they already show up in ``in_use``.
+- ``reserved``: memory the process has claimed but not touched yet, so that no reading counts it
+  in use (an embedding application's own buffers, LMCache's L1): the caller says how much of it
+  is still untouched at each reading, so it is counted once, whether touched or not.
 - ``margin = max(safety_margin, safety_fraction * limit)``: headroom for the runtime's own
   allocations, the interpreter, and the kernel's reclaim watermarks; without it a budget that
   exactly fills the limit makes the kernel reclaim the very pages that were budgeted.
@@ -67,6 +70,8 @@ class PageCacheBudget:
     #: KPU images per copy thread's buffer: 2 on CUDA, where a thread reads the next KPU into
     #: one image while the GPU copies the last one out of the other.
     pin_images: int = 1
+    #: Memory claimed but not touched yet when the limit was read (not in ``in_use_bytes``).
+    reserved_bytes: int = 0
 
     @property
     def pinned_reservation_bytes(self) -> int:
@@ -98,6 +103,11 @@ class PageCacheBudget:
                         else ""
                     ),
                 ),
+                *(
+                    [BudgetTerm("- reserved, not touched yet", self.reserved_bytes)]
+                    if self.reserved_bytes
+                    else []
+                ),
                 BudgetTerm("- safety margin", self.safety_margin_bytes),
                 BudgetTerm("= page-cache budget B_pc", self.page_cache_bytes),
             ]
@@ -121,6 +131,7 @@ class PageCacheBudget:
             "pin_bytes": self.pin_bytes,
             "pin_images": self.pin_images,
             "copy_threads": self.copy_threads,
+            "reserved_bytes": self.reserved_bytes,
             "safety_margin_bytes": self.safety_margin_bytes,
             "knob_x_requested_bytes": self.knob_x_requested_bytes,
         }
@@ -157,18 +168,21 @@ def derive_budget(
     knob_x: int | None = None,
     pinned_in_use: int = 0,
     pin_images: int = 1,
+    reserved: int = 0,
 ) -> PageCacheBudget:
-    """``B_pc = max(0, limit - in_use - copy_threads * pin_images * pin_bytes - margin)`` and
-    ``X`` in it.
+    """``B_pc = max(0, limit - in_use - copy_threads * pin_images * pin_bytes - reserved -
+    margin)`` and ``X`` in it.
 
     ``pinned_in_use``: pinned bytes already allocated and counted in ``limit.in_use_bytes``
     (a running store reads its limit after allocating its buffers); only the rest of the
-    reservation is subtracted, so the pinned memory is counted once.
+    reservation is subtracted, so the pinned memory is counted once. ``reserved``: memory
+    claimed but not touched yet, so not in ``limit.in_use_bytes`` (see the module docstring).
     """
     margin = max(safety_margin, int(safety_fraction * limit.limit_bytes))
     reservation = copy_threads * pin_images * pin_bytes
     pinned = max(0, reservation - pinned_in_use)
-    budget = max(0, limit.limit_bytes - limit.in_use_bytes - pinned - margin)
+    reserved = max(0, reserved)
+    budget = max(0, limit.limit_bytes - limit.in_use_bytes - pinned - reserved - margin)
     return PageCacheBudget(
         page_cache_bytes=budget,
         knob_x_bytes=budget if knob_x is None else max(0, min(knob_x, budget)),
@@ -181,6 +195,7 @@ def derive_budget(
         knob_x_requested_bytes=knob_x,
         pinned_in_use_bytes=min(pinned_in_use, reservation),
         pin_images=pin_images,
+        reserved_bytes=reserved,
     )
 
 

@@ -125,6 +125,7 @@ def budget_for(
     *,
     pinned_in_use: int = 0,
     pin_images: int = 1,
+    reserved: int = 0,
 ) -> PageCacheBudget:
     """The page-cache budget, from the first of: ``memory_limit`` (e.g. ``--memory-limit``),
     ``memory.page_cache_budget``, ``memory.limit``, or the limits discovered under ``root``.
@@ -133,6 +134,8 @@ def budget_for(
     store). Discovered limits count them in use already, so they are not reserved again; a
     stated limit counts nothing in use, so the whole reservation is subtracted from it.
     ``pin_images``: KPU images per copy thread's buffer (see :func:`pin_images_for`).
+    ``reserved``: memory claimed but not touched yet, kept out of a derived budget (a stated
+    ``page_cache_budget`` is taken as it is).
 
     Raises:
         MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
@@ -160,6 +163,7 @@ def budget_for(
         safety_fraction=memory.safety_fraction,
         knob_x=memory.knob_x,
         pin_images=pin_images,
+        reserved=reserved,
     )
 
 

@@ -305,6 +305,7 @@ async def open_store(
     page_cache_file: Callable[[Path, int], PageCacheFile] = PageCacheFile,
     share_policy: SharePolicy | None = None,
     replan: bool = True,
+    reserved_memory: Callable[[], int] | None = None,
 ) -> AsyncIterator[KVStore]:
     """Start a store for ``config`` (see the module docstring).
 
@@ -318,6 +319,9 @@ async def open_store(
             :class:`FairShares`; :class:`FirstComeShares` never moves a layer for a newcomer).
         replan: move live contexts' layers when the budget or the set of contexts changes
             (False: each context keeps the share it was admitted with).
+        reserved_memory: asked at each budget reading: bytes the embedding application has
+            claimed but not touched yet (its own buffers), kept out of the page-cache budget so
+            that they are counted once, before and after they are touched.
 
     Raises:
         ConfigError, TargetError, IoUringUnavailableError: the config cannot run here; the
@@ -331,6 +335,7 @@ async def open_store(
         memory_limit=memory_limit,
         wrap_direct=wrap_direct,
         page_cache_file=page_cache_file,
+        reserved_memory=reserved_memory,
     ) as runtime:
         store = KVStore(config, runtime, share_policy, replan=replan)
         with plain_errors():

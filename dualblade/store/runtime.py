@@ -144,11 +144,22 @@ async def _sample_loop(runtime: Runtime) -> None:
 
 
 def _budget_reader(
-    config: PipelineConfig, memory_limit: int | None, pinned_in_use: int = 0, pin_images: int = 1
+    config: PipelineConfig,
+    memory_limit: int | None,
+    pinned_in_use: int = 0,
+    pin_images: int = 1,
+    reserved: Callable[[], int] | None = None,
 ) -> Budget:
     """The budget now; ``pinned_in_use``: the copy threads' buffers, allocated already (a
-    discovered limit counts them in use, so the plan must not reserve them again)."""
-    derived = budget_for(config, memory_limit, pinned_in_use=pinned_in_use, pin_images=pin_images)
+    discovered limit counts them in use, so the plan must not reserve them again);
+    ``reserved``: asked at each reading how much memory is claimed but not touched yet."""
+    derived = budget_for(
+        config,
+        memory_limit,
+        pinned_in_use=pinned_in_use,
+        pin_images=pin_images,
+        reserved=reserved() if reserved is not None else 0,
+    )
     return Budget(
         page_cache_bytes=derived.page_cache_bytes,
         limit_bytes=derived.limit_bytes,
@@ -185,12 +196,16 @@ async def start_runtime(
     budget_interval: float = BUDGET_POLL_S,
     wrap_direct: Callable[[Target], Target] | None = None,
     page_cache_file: Callable[[Path, int], PageCacheFile] = PageCacheFile,
+    reserved_memory: Callable[[], int] | None = None,
 ) -> AsyncIterator[Runtime]:
     """Open targets and engine, start the actors, yield the runtime, then stop it all.
 
     ``wrap_direct`` replaces the opened direct target by a wrapper of it (the soak and the
     fault tests wrap it in a :class:`~dualblade.testing.FaultyTarget`);
-    ``page_cache_file`` makes the page-cache files (a ``FaultyPageCacheFile`` there).
+    ``page_cache_file`` makes the page-cache files (a ``FaultyPageCacheFile`` there);
+    ``reserved_memory``, asked at each budget reading (in a worker thread), says how much
+    memory the embedding application has claimed but not touched yet: it is kept out of the
+    budget (:func:`dualblade.pipeline.derive_budget`'s ``reserved``).
 
     Raises:
         ConfigError, TargetError, IoUringUnavailableError: the config cannot run here; the
@@ -239,7 +254,9 @@ async def start_runtime(
             file_factory=page_cache_file,
         )
         budgeter = BudgeterActor(
-            lambda: _budget_reader(config, memory_limit, sum(b.size for b in buffers), images),
+            lambda: _budget_reader(
+                config, memory_limit, sum(b.size for b in buffers), images, reserved_memory
+            ),
             interval=0 if fixed else budget_interval,
             tracer=tracer,
         )

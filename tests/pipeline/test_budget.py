@@ -125,6 +125,18 @@ def test_pinned_buffers_already_in_use_are_reserved_once():
     assert half.page_cache_bytes == 6 * GIB - in_use - 136 * MIB
 
 
+def test_memory_reserved_but_not_touched_is_kept_out_once():
+    """An application's buffers count once: untouched, as ``reserved``; touched, in use."""
+    kwargs = {"pin_bytes": 0, "copy_threads": 1, "safety_margin": 0, "safety_fraction": 0}
+    before = derive_budget(MemoryLimit(6 * GIB, 1 * GIB, "test"), reserved=2 * GIB, **kwargs)
+    half = derive_budget(MemoryLimit(6 * GIB, 2 * GIB, "test"), reserved=1 * GIB, **kwargs)
+    after = derive_budget(MemoryLimit(6 * GIB, 3 * GIB, "test"), **kwargs)
+    assert before.page_cache_bytes == half.page_cache_bytes == after.page_cache_bytes == 3 * GIB
+    assert before.to_dict()["reserved_bytes"] == 2 * GIB
+    assert ("- reserved, not touched yet", 2 * GIB) in [(t.name, t.nbytes) for t in before.terms()]
+    assert "- reserved, not touched yet" not in [t.name for t in after.terms()]
+
+
 def test_a_stated_limit_reserves_the_pinned_buffers_whatever_is_allocated(tmp_path):
     from dualblade.pipeline import budget_for, config_from_mapping
 

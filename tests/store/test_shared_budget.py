@@ -375,6 +375,29 @@ async def test_the_budgeters_readings_replan_live_contexts(
             await requests.check(ctx, layer)
 
 
+async def test_each_reading_keeps_what_the_application_reserved_out_of_the_budget(
+    make_config: MakeConfig,
+) -> None:
+    """``reserved_memory`` is asked at every reading: as the application touches what it
+    reserved, the budget follows what is still untouched."""
+    from dualblade.actors import Budget, Reply
+    from dualblade.actors.budgeter import Refresh
+
+    config = _config(make_config)
+    reserved = [256 << 20]
+    async with open_store(
+        config, device="cpu", memory_limit=4 << 30, reserved_memory=lambda: reserved[0]
+    ) as store:
+        first = store.runtime.budgeter.current
+        assert first is not None
+        assert first.detail.reserved_bytes == 256 << 20
+        reserved[0] = 64 << 20
+        reply: Reply[Budget] = Reply()
+        second = await store.runtime.budgeter.ask(Refresh(reply), reply)
+        assert second.detail.reserved_bytes == 64 << 20
+        assert second.page_cache_bytes - first.page_cache_bytes == 192 << 20
+
+
 async def test_a_new_mix_of_contexts_probes_the_strategy_again(make_config: MakeConfig) -> None:
     config = _config(make_config)
     async with open_store(config, device="cpu") as store, store.context():
