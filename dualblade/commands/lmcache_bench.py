@@ -29,7 +29,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from dualblade.commands._output import format_table, print_json
+from dualblade.commands._lmcache_report import lmcache_ratios, print_lmcache_table
+from dualblade.commands._output import print_json
 from dualblade.errors import ConfigError, DualbladeError
 from dualblade.pipeline import default_cache_dir, format_size, parse_size
 
@@ -82,6 +83,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="what the cgroup charges the process besides L1, for 'auto' (default: %(default)s)",
     )
     parser.add_argument(
+        "--capacity",
+        default=None,
+        help="our adapter's capacity (default: the stored set; an L2 tier runs full, and its "
+        "page-cache share is the budget over this capacity)",
+    )
+    parser.add_argument(
         "--copy-threads", type=int, default=8, help="our adapter's copy threads (default: 8)"
     )
     parser.add_argument(
@@ -110,37 +117,43 @@ def run(args: argparse.Namespace) -> int:
     per_round = args.num_keys * args.in_flight * size
     stored = (args.rounds + args.warmup_rounds) * per_round
     limit = _limit(args.memory_limit, 2 * per_round + parse_size(args.overhead) + stored // 2)
+    capacity = _size_option("--capacity", args.capacity) if args.capacity else stored
     root = Path(args.dir).expanduser()
     root.mkdir(parents=True, exist_ok=True)
     setup = {"key_bytes": size, "keys_per_round": per_round // size, "stored_bytes": stored}
     setup |= {"l1_bytes": 2 * per_round, "memory_limit": limit, "dir": str(root)}
+    setup["capacity"] = capacity
     _say(
         f"stored set {format_size(stored)}, L1 {format_size(2 * per_round)}, memory limit "
         f"{format_size(limit) if limit else 'none'}; files under {root}"
     )
-    results = [_run_adapter(name, args, root, limit) for name in names]
+    results = [_run_adapter(name, args, root, limit, capacity) for name in names]
     # Our loads read straight from the ring into LMCache's memory (no copy thread), so the
     # ring's depth bounds the chunks in flight: fio reads at that depth, in our chunk size.
     chunk = parse_size(args.max_chunk)
     fio = None if args.no_fio else _fio(root, stored, args.queue_depth, chunk)
     document = {"setup": setup, "adapters": results, "fio_read": fio}
-    document["ratios"] = _ratios(results, fio)
+    document["ratios"] = lmcache_ratios(results, fio)
     if args.out:
         Path(args.out).write_text(json.dumps(document, indent=2, default=str) + "\n")
     if args.json:
         print_json(document)
     else:
-        _print_table(document)
+        print_lmcache_table(document)
     return 0 if all(r.get("verified") for r in results) else 1
 
 
 def _limit(text: str, auto: int) -> int | None:
     if text in ("none", "auto"):
         return None if text == "none" else auto
+    return _size_option("--memory-limit", text)
+
+
+def _size_option(option: str, text: str) -> int:
     try:
         return parse_size(text)
     except ValueError as error:
-        raise ConfigError(f"--memory-limit: {error}") from None
+        raise ConfigError(f"{option}: {error}") from None
 
 
 def _say(line: str) -> None:
@@ -148,9 +161,12 @@ def _say(line: str) -> None:
 
 
 # -- one adapter -----------------------------------------------------------------------------------
-def _spec(name: str, folder: Path, args: argparse.Namespace, size: int) -> dict[str, Any]:
+def _spec(
+    name: str, folder: Path, args: argparse.Namespace, size: int, capacity: int
+) -> dict[str, Any]:
     own = {
         "object_size": size,
+        "capacity": capacity,
         "copy_threads": args.copy_threads,
         "queue_depth": args.queue_depth,
         "max_chunk": args.max_chunk,
@@ -179,13 +195,13 @@ def _spec(name: str, folder: Path, args: argparse.Namespace, size: int) -> dict[
 
 
 def _run_adapter(
-    name: str, args: argparse.Namespace, root: Path, limit: int | None
+    name: str, args: argparse.Namespace, root: Path, limit: int | None, capacity: int
 ) -> dict[str, Any]:
     size = args.data_size_kb << 10
     folder = root / name
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
-    spec = _spec(name, folder, args, size)
+    spec = _spec(name, folder, args, size, capacity)
     out = folder / "bench.json"
     command = [
         sys.executable,
@@ -347,49 +363,3 @@ def _fio(root: Path, size: int, depth: int, chunk: int) -> dict[str, Any] | None
         path.unlink(missing_ok=True)
     _say(f"fio: O_DIRECT reads {reads} MB/s at queue depth {depth}, {format_size(chunk)} chunks")
     return {"mbps": max(reads), "reads_mbps": reads, "queue_depth": depth, "block_size": chunk}
-
-
-# -- the report ------------------------------------------------------------------------------------
-def _ratios(results: list[dict[str, Any]], fio: dict[str, Any] | None) -> dict[str, float | None]:
-    """The issue's two ratios: our load throughput over the fs adapter's best, and our direct
-    path's (all objects direct) over fio's O_DIRECT read."""
-    by_name = {r["adapter"]: r.get("load_mbps") for r in results}
-    fs_best = max((v for k, v in by_name.items() if k.startswith("fs") and v), default=None)
-    ours, direct = by_name.get("dualblade"), by_name.get("dualblade-direct")
-    return {
-        "dualblade_vs_fs_best": round(ours / fs_best, 2) if ours and fs_best else None,
-        "direct_vs_fio": round(direct / fio["mbps"], 2) if direct and fio else None,
-    }
-
-
-def _print_table(document: dict[str, Any]) -> None:
-    rows = []
-    for r in document["adapters"]:
-        placed = (r.get("dualblade") or {}).get("placed") or {}
-        hit = (r.get("dualblade") or {}).get("page_cache_hit_rate")
-        rows.append(
-            [
-                r["adapter"],
-                r.get("store_mbps", "-"),
-                r.get("load_mbps", "-"),
-                r.get("load_ok", "-"),
-                "yes" if r["verified"] else "NO",
-                " ".join(f"{k}:{v}" for k, v in sorted(placed.items())) or "-",
-                "-" if hit is None else f"{hit:.2f}",
-                "-" if r["cgroup_peak_bytes"] is None else format_size(r["cgroup_peak_bytes"]),
-            ]
-        )
-    fio = document["fio_read"]
-    if fio:
-        rows.append(["fio O_DIRECT read (best of 3)", "-", fio["mbps"], "-", "-", "-", "-", "-"])
-    headers = ["adapter", "store MB/s", "load MB/s", "loaded", "verified", "placed", "pc hit"]
-    headers.append("peak mem")
-    print(format_table(headers, rows))
-    ratios = document["ratios"]
-    print(
-        f"load vs fs adapter's best: {ratios['dualblade_vs_fs_best']}; "
-        f"direct vs fio: {ratios['direct_vs_fio']}"
-    )
-    for r in document["adapters"]:
-        if "error" in r:
-            print(f"{r['adapter']} failed (exit {r['exit_code']}): {r['error'][-500:]}")

@@ -15,6 +15,7 @@ from dualblade.cli import main
         (["--adapters", "raw-block"], "need --block DEVICE"),
         (["--rounds", "0"], "must be >= 1"),
         (["--memory-limit", "plenty"], "--memory-limit: 'plenty' is not a size"),
+        (["--capacity", "lots"], "--capacity: 'lots' is not a size"),
     ],
 )
 def test_bad_arguments_are_refused_before_anything_runs(

@@ -17,7 +17,6 @@ from dualblade.integrations.lmcache.adapter import AdapterClosedError as Adapter
 from dualblade.integrations.lmcache.adapter import DualBladeL2Adapter as DualBladeL2Adapter
 from dualblade.integrations.lmcache.index import Entry as Entry
 from dualblade.integrations.lmcache.index import ObjectIndex as ObjectIndex
-from dualblade.integrations.lmcache.object_store import NewestFirst as NewestFirst
 from dualblade.integrations.lmcache.object_store import Placement as Placement
 from dualblade.integrations.lmcache.objects import ObjectShapeError as ObjectShapeError
 from dualblade.integrations.lmcache.params import AdapterParamsError as AdapterParamsError
@@ -25,6 +24,7 @@ from dualblade.integrations.lmcache.params import AdapterSetup as AdapterSetup
 from dualblade.integrations.lmcache.params import ObjectGeometry as ObjectGeometry
 from dualblade.integrations.lmcache.params import resolve_params as resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats as AdapterStats
+from dualblade.integrations.lmcache.striped_shares import StripedShares as StripedShares
 
 __all__ = [
     "AdapterClosedError",
@@ -33,10 +33,10 @@ __all__ = [
     "AdapterStats",
     "DualBladeL2Adapter",
     "Entry",
-    "NewestFirst",
     "ObjectGeometry",
     "ObjectIndex",
     "ObjectShapeError",
     "Placement",
+    "StripedShares",
     "resolve_params",
 ]

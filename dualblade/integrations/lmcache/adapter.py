@@ -35,9 +35,10 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
 from dualblade.integrations.lmcache.completions import Completions
 from dualblade.integrations.lmcache.l1_memory import l1_untouched_bytes
-from dualblade.integrations.lmcache.object_store import NewestFirst, ObjectStore, Placement
+from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
+from dualblade.integrations.lmcache.striped_shares import StripedShares
 from dualblade.logs import get_logger
 from dualblade.store import open_store
 
@@ -94,8 +95,10 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._ops: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None  # set when the last task ends, while closing
         self._last_stats: AdapterStats | None = None
-        # Objects are admitted to the page cache by the budget, newest first (NewestFirst),
-        # and stay where they were placed. The store's default (fair shares, re-planned live)
+        # One object in every capacity / budget, spread over the store order, is admitted to
+        # the page cache while the budget has room (StripedShares: objects stored together are
+        # loaded together, and a load then reads from both paths at once), and objects stay
+        # where they were placed. The store's default (fair shares, re-planned live)
         # suits requests that read every layer every step; an L2 object is written once and
         # read a few times, so moving it costs as much as the reads it would speed up. Under a
         # memory cgroup here the budget's readings swung enough that re-planning made about 210
@@ -105,7 +108,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         store_options: dict[str, Any] = {
             "device": "cpu",
             "wrap_direct": wrap_direct,
-            "share_policy": NewestFirst(),
+            "share_policy": StripedShares(setup.capacity),
             "replan": setup.replan,
         }
         if page_cache_file is not None:

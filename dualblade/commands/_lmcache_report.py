@@ -1,0 +1,56 @@
+"""What ``dualblade lmcache-bench`` reports: its issue's two ratios, and the table it prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dualblade.commands._output import format_table
+from dualblade.pipeline import format_size
+
+
+def lmcache_ratios(
+    results: list[dict[str, Any]], fio: dict[str, Any] | None
+) -> dict[str, float | None]:
+    """The issue's two ratios: our load throughput over the fs adapter's best, and our direct
+    path's (all objects direct) over fio's O_DIRECT read."""
+    by_name = {r["adapter"]: r.get("load_mbps") for r in results}
+    fs_best = max((v for k, v in by_name.items() if k.startswith("fs") and v), default=None)
+    ours, direct = by_name.get("dualblade"), by_name.get("dualblade-direct")
+    return {
+        "dualblade_vs_fs_best": round(ours / fs_best, 2) if ours and fs_best else None,
+        "direct_vs_fio": round(direct / fio["mbps"], 2) if direct and fio else None,
+    }
+
+
+def print_lmcache_table(document: dict[str, Any]) -> None:
+    """The report as a table, then the two ratios and any adapter's failure."""
+    rows = []
+    for r in document["adapters"]:
+        placed = (r.get("dualblade") or {}).get("placed") or {}
+        hit = (r.get("dualblade") or {}).get("page_cache_hit_rate")
+        rows.append(
+            [
+                r["adapter"],
+                r.get("store_mbps", "-"),
+                r.get("load_mbps", "-"),
+                r.get("load_ok", "-"),
+                "yes" if r["verified"] else "NO",
+                " ".join(f"{k}:{v}" for k, v in sorted(placed.items())) or "-",
+                "-" if hit is None else f"{hit:.2f}",
+                "-" if r["cgroup_peak_bytes"] is None else format_size(r["cgroup_peak_bytes"]),
+            ]
+        )
+    fio = document["fio_read"]
+    if fio:
+        rows.append(["fio O_DIRECT read (best of 3)", "-", fio["mbps"], "-", "-", "-", "-", "-"])
+    headers = ["adapter", "store MB/s", "load MB/s", "loaded", "verified", "placed", "pc hit"]
+    headers.append("peak mem")
+    print(format_table(headers, rows))
+    ratios = document["ratios"]
+    print(
+        f"load vs fs adapter's best: {ratios['dualblade_vs_fs_best']}; "
+        f"direct vs fio: {ratios['direct_vs_fio']}"
+    )
+    for r in document["adapters"]:
+        if "error" in r:
+            print(f"{r['adapter']} failed (exit {r['exit_code']}): {r['error'][-500:]}")
