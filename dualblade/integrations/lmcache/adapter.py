@@ -19,7 +19,6 @@ its blocks.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
@@ -34,7 +33,7 @@ from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
 from dualblade.integrations.lmcache.completions import Completions
-from dualblade.integrations.lmcache.l1_memory import l1_untouched_bytes
+from dualblade.integrations.lmcache.l1_memory import l1_region, untouched_bytes
 from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
@@ -45,16 +44,13 @@ from dualblade.store import open_store
 _log = get_logger(__name__)
 
 
-def _without_untouched_l1(setup: AdapterSetup, l1_memory_desc: Any) -> AdapterSetup:
-    """``setup`` with LMCache's untouched L1 added to the budget's safety margin (see
-    :mod:`.l1_memory`): memory that LMCache will use is no room for the page cache."""
-    untouched = l1_untouched_bytes(l1_memory_desc)
-    if not untouched:
-        return setup
-    memory = setup.config.memory
-    margin = memory.model_copy(update={"safety_margin": memory.safety_margin + untouched})
-    _log.info("lmcache L1 kept out of the page-cache budget", untouched_bytes=untouched)
-    return dataclasses.replace(setup, config=setup.config.model_copy(update={"memory": margin}))
+def _untouched(region: tuple[int, int] | None) -> Callable[[], int] | None:
+    """How much of ``region`` (address, size) is untouched now, as a callable; None for no
+    region."""
+    if region is None:
+        return None
+    address, size = region
+    return lambda: untouched_bytes(address, size)
 
 
 class AdapterClosedError(RuntimeError):
@@ -85,7 +81,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         wrap_direct: Callable[[Any], Any] | None = None,
         page_cache_file: Callable[[Path, int], Any] | None = None,
     ) -> None:
-        setup = _without_untouched_l1(resolve_params(adapter_params), l1_memory_desc)
+        setup = resolve_params(adapter_params)
         super().__init__(max_capacity_bytes=setup.capacity)
         self.setup: AdapterSetup = setup
         self._completions = Completions()
@@ -110,6 +106,9 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             "wrap_direct": wrap_direct,
             "share_policy": StripedShares(setup.capacity),
             "replan": setup.replan,
+            # LMCache's L1 that it has not touched yet is no room for the page cache; asked at
+            # every reading, so that L1 is counted once as LMCache fills it (.l1_memory).
+            "reserved_memory": _untouched(l1_region(l1_memory_desc)),
         }
         if page_cache_file is not None:
             store_options["page_cache_file"] = page_cache_file
