@@ -196,15 +196,21 @@ class BorrowedBuffer(AlignedBuffer):
     still write into it; closing drops the reference and frees nothing. Whether the address
     suits a target is the target's check (``Target.check_io``), made when a request is built.
 
+    ``nbytes``: only the tensor's first ``nbytes`` (default: all of it).
+
     Raises:
-        ValueError: the tensor is empty, not on the CPU, or not contiguous.
+        ValueError: the tensor is empty, not on the CPU, or not contiguous; ``nbytes`` is not
+            within ``1..`` its size.
     """
 
-    def __init__(self, owner: torch.Tensor) -> None:
+    def __init__(self, owner: torch.Tensor, nbytes: int | None = None) -> None:
         if owner.device.type != "cpu" or not owner.is_contiguous() or owner.numel() == 0:
             raise ValueError("a borrowed buffer needs a non-empty, contiguous CPU tensor")
+        whole = owner.numel() * owner.element_size()
+        if nbytes is not None and not 0 < nbytes <= whole:
+            raise ValueError(f"a borrowed buffer of {nbytes} bytes from a {whole}-byte tensor")
         self._owner: torch.Tensor | None = owner
-        self.size = owner.numel() * owner.element_size()
+        self.size = whole if nbytes is None else nbytes
         self.huge = False
         self.address = owner.data_ptr()
         raw = (ctypes.c_char * self.size).from_address(self.address)

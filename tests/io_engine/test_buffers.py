@@ -100,3 +100,12 @@ def test_a_borrowed_buffer_is_not_released_under_io() -> None:
 def test_a_borrowed_buffer_needs_contiguous_cpu_memory(tensor: torch.Tensor) -> None:
     with pytest.raises(ValueError, match="contiguous CPU tensor"):
         BorrowedBuffer(tensor)
+
+
+def test_a_borrowed_buffer_may_take_a_prefix_of_its_tensor() -> None:
+    owner = torch.zeros(1024, dtype=torch.uint8)
+    borrowed = BorrowedBuffer(owner, 100)
+    assert (borrowed.address, borrowed.size, len(borrowed.view)) == (owner.data_ptr(), 100, 100)
+    for nbytes in (0, 1025):
+        with pytest.raises(ValueError, match="1024-byte tensor"):
+            BorrowedBuffer(owner, nbytes)

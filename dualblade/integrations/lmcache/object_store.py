@@ -21,12 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import torch
 
 from dualblade.integrations.lmcache.index import Entry, ObjectIndex
 from dualblade.integrations.lmcache.objects import (
     KVImage,
+    ObjectRegion,
     ObjectShapeError,
+    exact_region,
     kv_image,
     object_bytes,
     unstage,
@@ -36,7 +37,6 @@ from dualblade.io_engine import BorrowedBuffer
 from dualblade.logs import get_logger
 from dualblade.pipeline import KpuId, Medium
 from dualblade.store import (
-    ContextDemand,
     KVContext,
     KVStore,
     read_layer_straight,
@@ -47,43 +47,6 @@ _log = get_logger(__name__)
 
 #: Rounds of evicting and retrying when concurrent stores keep taking the room just made.
 _ROOM_TRIES = 16
-
-
-class NewestFirst:
-    """How the adapter's objects share the store's page-cache budget: the newest take it first.
-
-    A :class:`dualblade.store.SharePolicy`. The store admits a new context to
-    ``min(its share, what is free)``, so a new object goes to the page cache exactly when the
-    budget has room, and room that an evicted or deleted object gives back goes to the next
-    object stored — as an LRU cache wants, where the newest objects are the likeliest to be
-    read. (The store's first-come policy would give that room to the oldest direct object,
-    which is never moved while re-planning is off, so freed room would stay unused.)
-    """
-
-    def shares(self, budget: int, demands: Sequence[ContextDemand]) -> dict[int, int]:
-        result: dict[int, int] = {}
-        left = max(0, budget)
-        for demand in sorted(demands, key=lambda d: -d.arrival):
-            n = 0
-            for size in demand.layer_bytes:
-                if size > left:
-                    break
-                left -= size
-                n += 1
-            result[demand.context] = n
-        return result
-
-    def newcomer_share(self, budget: int, demand: ContextDemand) -> int:
-        """The newest context's share, which :meth:`shares` gives it first and whole: the
-        ledger asks this on admission, with no pass over the other objects
-        (:class:`dualblade.store.NewcomerShare`)."""
-        n, left = 0, max(0, budget)
-        for size in demand.layer_bytes:
-            if size > left:
-                break
-            left -= size
-            n += 1
-        return n
 
 
 @dataclass
@@ -120,6 +83,16 @@ class TransferCounters:
     load_hits: int = 0
     load_bytes: int = 0
     load_failures: int = 0
+
+
+def _check_load_size(held: int, stored: int) -> None:
+    """A load buffer must hold exactly the stored object.
+
+    Raises:
+        ObjectShapeError: it does not.
+    """
+    if held != stored:
+        raise ObjectShapeError(f"the load buffer holds {held} bytes; the object has {stored}")
 
 
 #: Told about keys the adapter let go of on its own (evictions): keys and their object sizes.
@@ -161,23 +134,33 @@ class ObjectStore:
         if key in self.index:
             self.counters.store_skipped += 1
             return 0
-        try:
-            flat = object_bytes(obj)
-            image = kv_image(flat, self.geometry, fill=True)
-        except ObjectShapeError as error:
-            return self._store_failed(key, "unusable object", error)
-        footprint = 2 * image.rows * self.geometry.row_bytes
+        # Most objects are exactly their K and V rows: found without a tensor over them (see
+        # exact_region); any other is staged into rows now.
+        region = exact_region(obj, self.geometry)
+        image: KVImage | None = None
+        if region is not None:
+            nbytes, rows = region.nbytes, region.rows
+        else:
+            try:
+                flat = object_bytes(obj)
+                image = kv_image(flat, self.geometry, fill=True)
+            except ObjectShapeError as error:
+                return self._store_failed(key, "unusable object", error)
+            nbytes, rows = flat.numel(), image.rows
+        footprint = 2 * rows * self.geometry.row_bytes
         if not await self._make_room(footprint):
             self.index.counters.refused_no_room += 1
             return self._store_failed(key, "no room: the capacity is locked or in flight", None)
         if key in self.index:  # stored by another task while this one made room
             self.counters.store_skipped += 1
             return 0
-        entry = self.index.reserve(key, flat.numel(), footprint)
+        entry = self.index.reserve(key, nbytes, footprint)
         slot: Slot | None = None
         try:
-            slot = await self._open(image.rows)
-            if image.staged is not None or not await self._straight(slot.ctx, flat, image):
+            slot = await self._open(rows)
+            if region is None or not await self._straight(slot.ctx, region):
+                if image is None:  # exact rows, but memory the target cannot take as it is
+                    image = kv_image(object_bytes(obj), self.geometry, fill=True)
                 await slot.ctx.write(0, image.k, image.v)
         except BaseException as error:
             if slot is not None:
@@ -246,15 +229,14 @@ class ObjectStore:
         if entry is None:
             return False
         try:
-            flat = object_bytes(obj)
-            if flat.numel() != entry.size:
-                raise ObjectShapeError(
-                    f"the load buffer holds {flat.numel()} bytes; the object has {entry.size}"
-                )
-            image = kv_image(flat, self.geometry, fill=False)
-            ctx = entry.slot.ctx
-            if image.staged is not None or not await self._straight(ctx, flat, image, load=True):
-                await ctx.read(0, out=(image.k, image.v))
+            region = exact_region(obj, self.geometry)
+            if region is None or not await self._straight(
+                entry.slot.ctx, region, load=True, expect=entry.size
+            ):
+                flat = object_bytes(obj)
+                _check_load_size(flat.numel(), entry.size)
+                image = kv_image(flat, self.geometry, fill=False)
+                await entry.slot.ctx.read(0, out=(image.k, image.v))
                 unstage(image, flat)
         except Exception as error:
             self.counters.load_failures += 1
@@ -269,18 +251,21 @@ class ObjectStore:
 
     @staticmethod
     async def _straight(
-        ctx: KVContext, flat: torch.Tensor, image: KVImage, *, load: bool = False
+        ctx: KVContext, region: ObjectRegion, *, load: bool = False, expect: int = 0
     ) -> bool:
         """Move the object's K and V straight between LMCache's memory and storage, without a
         copy thread (:mod:`dualblade.store`'s straight transfers); False where the store
         cannot (memory not aligned as the direct target needs, say), and the caller moves
-        the object through the copy threads."""
-        memory = BorrowedBuffer(flat)  # the object's bytes: K's rows, then V's
+        the object through the copy threads. A load checks first that the memory holds
+        ``expect`` bytes, the object's size."""
+        if load:
+            _check_load_size(region.nbytes, expect)
+        memory = BorrowedBuffer(region.owner, region.nbytes)  # K's rows, then V's
         try:
-            offsets = (0, image.k.numel() * image.k.element_size())
+            offsets = (0, region.nbytes // 2)
             if load:
                 return await read_layer_straight(ctx, 0, memory, offsets)
-            return await write_layer_straight(ctx, 0, memory, offsets, image.rows)
+            return await write_layer_straight(ctx, 0, memory, offsets, region.rows)
         finally:
             memory.close()
 
