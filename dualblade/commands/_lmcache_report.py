@@ -15,7 +15,9 @@ def lmcache_ratios(
     path's (all objects direct) over fio's O_DIRECT read."""
     by_name = {r["adapter"]: r.get("load_mbps") for r in results}
     fs_best = max((v for k, v in by_name.items() if k.startswith("fs") and v), default=None)
-    ours, direct = by_name.get("dualblade"), by_name.get("dualblade-direct")
+    # ours on the dual policy: on the file, else on the block device (--block)
+    ours = by_name.get("dualblade") or by_name.get("dualblade-block")
+    direct = by_name.get("dualblade-direct")
     return {
         "dualblade_vs_fs_best": round(ours / fs_best, 2) if ours and fs_best else None,
         "direct_vs_fio": round(direct / fio["mbps"], 2) if direct and fio else None,

@@ -30,3 +30,20 @@ def test_help_names_the_benchmark(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         main(["lmcache-bench", "--help"])
     assert "memory cgroup" in capsys.readouterr().out
+
+
+def test_the_ratios_take_ours_on_the_block_device_when_it_ran_alone() -> None:
+    from dualblade.commands._lmcache_report import lmcache_ratios
+
+    results = [
+        {"adapter": "dualblade-block", "load_mbps": 3000.0},
+        {"adapter": "fs-odirect", "load_mbps": 2000.0},
+        {"adapter": "fs", "load_mbps": 1500.0},
+        {"adapter": "dualblade-direct", "load_mbps": 1800.0},
+    ]
+    ratios = lmcache_ratios(results, {"mbps": 2000.0})
+    assert ratios == {"dualblade_vs_fs_best": 1.5, "direct_vs_fio": 0.9}
+    assert lmcache_ratios([{"adapter": "fs", "load_mbps": None}], None) == {
+        "dualblade_vs_fs_best": None,
+        "direct_vs_fio": None,
+    }
