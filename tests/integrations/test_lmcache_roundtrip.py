@@ -225,8 +225,8 @@ def test_the_last_stats_are_written_at_close(make_adapter: MakeAdapter, tmp_path
 
 
 def test_the_store_wide_budget_places_objects(make_adapter: MakeAdapter) -> None:
-    """dual: the page-cache budget (four of 64 KiB objects) over the capacity (ten) puts one
-    object in every 2.5 stored on the page cache, spread over the store order so that objects
+    """dual: the page-cache budget (four of 64 KiB objects) over the capacity (ten) puts two
+    objects in every five stored on the page cache, spread over the store order so that objects
     loaded together read from both paths; the rest go direct. A deleted page-cache object's
     room goes to the next object the stripe picks, and stored objects are not moved."""
     adapter = make_adapter("dual", capacity="640KiB", memory={"page_cache_budget": "256KiB"})
@@ -235,7 +235,7 @@ def test_the_store_wide_budget_places_objects(make_adapter: MakeAdapter) -> None
     for k in keys:  # one at a time: placed in store order
         assert drive.store([k], [random_obj(64 << 10, seed=1)]).is_successful()
     media = [where.medium for where in map(adapter.placement, keys) if where is not None]
-    picked = [2, 4, 7, 9]  # floor((a + 1) * 0.4) > floor(a * 0.4)
+    picked = [0, 2, 5, 7]  # frac(a * 0.618...) < 0.4
     assert media == ["page-cache" if i in picked else "direct" for i in range(10)]
     stats = adapter.stats()
     assert stats.placed == {"page-cache": 4, "direct": 6}
@@ -245,9 +245,9 @@ def test_the_store_wide_budget_places_objects(make_adapter: MakeAdapter) -> None
     nexts = [key(f"next {i}") for i in range(3)]
     for k in nexts:
         assert drive.store([k], [random_obj(64 << 10, seed=2)]).is_successful()
-    # arrivals 10, 11, 12: the stripe picks 12
-    assert [adapter.placement(k).medium for k in nexts] == ["direct", "direct", "page-cache"]
-    assert adapter.placement(keys[9]).medium == "page-cache"  # stored objects are not moved
+    # arrivals 10, 11, 12: the stripe picks 10, into the room keys[2] left
+    assert [adapter.placement(k).medium for k in nexts] == ["page-cache", "direct", "direct"]
+    assert adapter.placement(keys[7]).medium == "page-cache"  # stored objects are not moved
     assert [adapter.placement(k) for k in keys[:2]] == [None, None]  # the oldest made room
 
 

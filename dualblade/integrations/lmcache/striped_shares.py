@@ -14,9 +14,16 @@ capacity`` of its objects. Until the cache is full some budget stays unused, as 
 fixed share; a deployment whose stored set stays below ``capacity`` should say so by giving a
 smaller ``capacity``.
 
-The choice is a function of the arrival number and the budget alone (the Bresenham rule: the
-object at arrival ``a`` is picked when ``floor((a + 1) f) > floor(a f)``), so the policy keeps
-no state per object and the newcomer's share on admission is its share in a pass over all.
+The choice is a function of the arrival number and the budget alone, so the policy keeps no
+state per object and the newcomer's share on admission is its share in a pass over all: the
+object that arrived ``a``-th is picked when ``frac(a * g) < budget / capacity``, ``g`` the golden
+ratio's fraction. That sequence spreads the picks evenly (of any run of consecutive arrivals,
+the count picked is within 3.2 objects of ``count * budget / capacity``, checked for every run
+of up to 500 arrivals starting at any of the first 500),
+and it is monotone in the budget: a larger budget picks every object a smaller one did, and
+more. So where the store re-plans (``adapter_params.replan``), a budget that moves by a little
+moves only the objects whose ``frac(a * g)`` lies between the old and the new fraction — not
+the whole stripe, as a rule that re-spaced the picks for each budget (every n-th) would.
 """
 
 from __future__ import annotations
@@ -24,6 +31,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from dualblade.store import ContextDemand
+
+#: The golden ratio's fractional part: ``frac(a * g)`` for a = 0, 1, 2, ... is the most evenly
+#: spread sequence of its kind (a Kronecker sequence).
+_GOLDEN = (5**0.5 - 1) / 2
 
 
 class StripedShares:
@@ -38,13 +49,13 @@ class StripedShares:
 
     def picked(self, budget: int, arrival: int) -> bool:
         """Whether the object that arrived ``arrival``-th takes the page-cache path at
-        ``budget``: ``floor((a + 1) f) > floor(a f)`` for ``f = budget / capacity``, in
-        integers (every object when the budget covers the capacity)."""
+        ``budget`` (see the module docstring; every object when the budget covers the
+        capacity)."""
         if budget >= self.capacity:
             return True
         if budget <= 0:
             return False
-        return (arrival + 1) * budget // self.capacity > arrival * budget // self.capacity
+        return (arrival * _GOLDEN) % 1.0 < budget / self.capacity
 
     def shares(self, budget: int, demands: Sequence[ContextDemand]) -> dict[int, int]:
         result: dict[int, int] = {}
