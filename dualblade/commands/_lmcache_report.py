@@ -27,9 +27,11 @@ def lmcache_ratios(
 def print_lmcache_table(document: dict[str, Any]) -> None:
     """The report as a table, then the two ratios and any adapter's failure."""
     rows = []
+    stored = document["setup"].get("stored_bytes")
     for r in document["adapters"]:
         placed = (r.get("dualblade") or {}).get("placed") or {}
         hit = (r.get("dualblade") or {}).get("page_cache_hit_rate")
+        budget = ((r.get("dualblade") or {}).get("ledger") or {}).get("budget_bytes")
         rows.append(
             [
                 r["adapter"],
@@ -39,14 +41,15 @@ def print_lmcache_table(document: dict[str, Any]) -> None:
                 "yes" if r["verified"] else "NO",
                 " ".join(f"{k}:{v}" for k, v in sorted(placed.items())) or "-",
                 "-" if hit is None else f"{hit:.2f}",
+                _budget(budget, stored),
                 "-" if r["cgroup_peak_bytes"] is None else format_size(r["cgroup_peak_bytes"]),
             ]
         )
     fio = document["fio_read"]
     if fio:
-        rows.append(["fio O_DIRECT read (best of 3)", "-", fio["mbps"], "-", "-", "-", "-", "-"])
+        rows.append(["fio O_DIRECT read (best of 3)", "-", fio["mbps"], *["-"] * 6])
     headers = ["adapter", "store MB/s", "load MB/s", "loaded", "verified", "placed", "pc hit"]
-    headers.append("peak mem")
+    headers += ["pc budget (of stored)", "peak mem"]
     print(format_table(headers, rows))
     ratios = document["ratios"]
     print(
@@ -56,3 +59,12 @@ def print_lmcache_table(document: dict[str, Any]) -> None:
     for r in document["adapters"]:
         if "error" in r:
             print(f"{r['adapter']} failed (exit {r['exit_code']}): {r['error'][-500:]}")
+
+
+def _budget(budget: int | None, stored: int | None) -> str:
+    """Our store's page-cache budget at its close, and its share of the stored set: how much of
+    the set the limit really left the page cache, by the store's own reading of it."""
+    if budget is None:
+        return "-"
+    share = f" ({budget / stored:.0%})" if stored else ""
+    return format_size(budget) + share

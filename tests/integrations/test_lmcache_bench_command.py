@@ -47,3 +47,30 @@ def test_the_ratios_take_ours_on_the_block_device_when_it_ran_alone() -> None:
         "dualblade_vs_fs_best": None,
         "direct_vs_fio": None,
     }
+
+
+def test_the_table_shows_how_much_of_the_stored_set_our_budget_held(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dualblade.commands._lmcache_report import print_lmcache_table
+
+    ours = {
+        "adapter": "dualblade",
+        "load_mbps": 3000.0,
+        "verified": True,
+        "cgroup_peak_bytes": 3 << 30,
+        "dualblade": {"placed": {"direct": 1}, "ledger": {"budget_bytes": 1 << 30}},
+    }
+    fs = {"adapter": "fs", "load_mbps": 1500.0, "verified": True, "cgroup_peak_bytes": None}
+    print_lmcache_table(
+        {
+            "setup": {"stored_bytes": 2 << 30},
+            "adapters": [ours, fs],
+            "fio_read": {"mbps": 1800.0},
+            "ratios": {"dualblade_vs_fs_best": 2.0, "direct_vs_fio": None},
+        }
+    )
+    out = capsys.readouterr().out
+    assert "pc budget (of stored)" in out
+    assert "1.00 GiB (50%)" in out
+    assert "load vs fs adapter's best: 2.0" in out
