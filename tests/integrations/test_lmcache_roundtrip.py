@@ -282,3 +282,22 @@ def test_aligned_objects_move_straight_between_lmcache_memory_and_storage(
         # no copy thread moved these loads: no transfer, no host copy out of a pinned buffer
         assert after["co_dma"] == before["co_dma"]
         del sources, targets, memory
+
+
+@pytest.mark.parametrize("policy", ["direct", "page-cache"])
+def test_a_load_buffer_of_the_wrong_size_fails_its_key_only(
+    make_adapter: MakeAdapter, policy: str
+) -> None:
+    """A buffer that is whole rows but not the object's size (the straight path's check) and
+    one that is not whole rows (the staged path's) each fail their key; the object stays, and a
+    buffer of the right size loads it."""
+    adapter = make_adapter(policy)
+    drive = Driver(adapter)
+    stored = random_obj(64 << 10, seed=5)
+    assert drive.store([key(1)], [stored]).is_successful()
+    assert drive.load([key(1)], [empty_obj(32 << 10)]) == [False]
+    assert drive.load([key(1)], [empty_obj((64 << 10) + 512)]) == [False]
+    good = empty_obj(64 << 10)
+    assert drive.load([key(1)], [good]) == [True]
+    assert digest(good) == digest(stored)
+    assert adapter.stats().load_failures == 2

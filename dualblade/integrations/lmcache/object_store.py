@@ -230,9 +230,9 @@ class ObjectStore:
             return False
         try:
             region = exact_region(obj, self.geometry)
-            if region is None or not await self._straight(
-                entry.slot.ctx, region, load=True, expect=entry.size
-            ):
+            if region is not None:
+                _check_load_size(region.nbytes, entry.size)
+            if region is None or not await self._straight(entry.slot.ctx, region, load=True):
                 flat = object_bytes(obj)
                 _check_load_size(flat.numel(), entry.size)
                 image = kv_image(flat, self.geometry, fill=False)
@@ -250,16 +250,11 @@ class ObjectStore:
         return True
 
     @staticmethod
-    async def _straight(
-        ctx: KVContext, region: ObjectRegion, *, load: bool = False, expect: int = 0
-    ) -> bool:
+    async def _straight(ctx: KVContext, region: ObjectRegion, *, load: bool = False) -> bool:
         """Move the object's K and V straight between LMCache's memory and storage, without a
         copy thread (:mod:`dualblade.store`'s straight transfers); False where the store
         cannot (memory not aligned as the direct target needs, say), and the caller moves
-        the object through the copy threads. A load checks first that the memory holds
-        ``expect`` bytes, the object's size."""
-        if load:
-            _check_load_size(region.nbytes, expect)
+        the object through the copy threads."""
         memory = BorrowedBuffer(region.owner, region.nbytes)  # K's rows, then V's
         try:
             offsets = (0, region.nbytes // 2)
