@@ -6,7 +6,8 @@ first of the context's page-cache order: :func:`dualblade.pipeline.page_cache_or
 opens or closes and when the budget changes (the budgeter's readings, or
 :meth:`KVStore.set_page_cache_budget`), and works in two passes:
 
-1. **Demote** first: a context above its target gives up the page-cache layer latest in its order;
+1. **Demote** first: a context above its target gives up the page-cache layer latest in its order
+   that it has not written yet (free to move), else the latest one;
    the ledger is credited once the layer's pages are gone. After a budget cut this is what brings
    the ledger back under the budget, before the kernel has to evict anything.
 2. **Promote** into what is free: the context holding the fewest bytes below its target gets
@@ -99,10 +100,10 @@ class Replanner:
                 continue
             _, outside = BUDGETED_MEDIA[ctx.plan.config.policy]
             while context not in skipped:
-                charged = self.ledger.charged_layers(context)
-                layer = self.ledger.last_charged(context)
-                if layer is None or len(charged) <= targets.get(context, 0):
+                charged = self.ledger.charged_in_order(context)
+                if len(charged) <= targets.get(context, 0):
                     break
+                layer = _to_demote(ctx, charged)
                 urgent = self.ledger.over_budget_bytes > 0
                 if await self._move(ctx, layer, outside, skipped, urgent=urgent):
                     self.ledger.credit(context, layer)
@@ -159,3 +160,17 @@ class Replanner:
         if not moved:  # the context closed under the move (or the layer was there already)
             skipped.add(ctx.id)
         return moved or ctx.media[layer] is medium
+
+
+def _to_demote(ctx: KVContext, charged: list[int]) -> int:
+    """Which of a context's charged layers (in its order) to give back first: the last one it
+    has not written yet, else the last one.
+
+    Why unwritten first: moving a layer that holds no rows copies nothing, so the budget is met
+    at once. A budget that drops while a context is still prefilling (the application's own
+    tensors grow) otherwise demoted a written layer, a read and a write through the disk,
+    while the prefill went on writing the unwritten ones into the page cache: the serving
+    preset sampled the page cache 11 % above its budget for 0.1-0.2 s.
+    """
+    unwritten = [layer for layer in charged if ctx.length(layer) == 0]
+    return (unwritten or charged)[-1]

@@ -155,6 +155,13 @@ class ResidencyLedger:
         entry = self._entries.get(context)
         return frozenset(entry.charged) if entry is not None else frozenset()
 
+    def charged_in_order(self, context: int) -> list[int]:
+        """The context's charged layers, in its order (the last is :meth:`last_charged`)."""
+        entry = self._entries.get(context)
+        if entry is None:
+            return []
+        return [layer for layer in entry.order if layer in entry.charged]
+
     def last_charged(self, context: int) -> int | None:
         """The charged layer latest in the context's order (the one to demote), or None."""
         entry = self._entries.get(context)

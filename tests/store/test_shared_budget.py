@@ -208,6 +208,35 @@ async def test_a_shrinking_then_growing_budget_demotes_then_promotes(
                 await requests.check(ctx, layer)
 
 
+async def test_a_cut_during_a_prefill_gives_back_the_layers_not_written_yet(
+    make_config: MakeConfig,
+) -> None:
+    """Moving a layer that holds no rows copies nothing: a budget cut that comes while a
+    context is still writing its prompt takes the page-cache layers it has not written yet
+    (the last of them in its order first), not the written ones, and reads no byte."""
+    config = _config(make_config)
+    requests = Requests(config)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await store.replanned()
+        assert ctx.media == (Medium.PAGE_CACHE,) * LAYERS
+        for layer in (0, 1):  # half the prompt's layers written; layers 2 and 3 not yet
+            kv = random_kv(config, PROMPT, seed=layer)
+            await ctx.write(layer, *kv)
+            requests.expected[ctx.id, layer] = kv
+        read_before = dict(store.stats().read_bytes)
+        store.set_page_cache_budget(2 * LAYER_BYTES)
+        await store.replanned()
+        assert ctx.media == (Medium.PAGE_CACHE,) * 2 + (Medium.DIRECT,) * 2
+        assert store.stats().ledger.demotions == 2
+        assert dict(store.stats().read_bytes) == read_before  # no layer was copied
+        for layer in (2, 3):
+            kv = random_kv(config, PROMPT, seed=layer)
+            await ctx.write(layer, *kv)
+            requests.expected[ctx.id, layer] = kv
+        for layer in range(LAYERS):
+            await requests.check(ctx, layer)
+
+
 async def test_a_move_holds_up_only_its_own_layer(
     make_config: MakeConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
