@@ -163,7 +163,8 @@ class ResidencyLedger:
         return [layer for layer in entry.order if layer in entry.charged]
 
     def last_charged(self, context: int) -> int | None:
-        """The charged layer latest in the context's order (the one to demote), or None."""
+        """The charged layer latest in the context's order, or None (the re-planner demotes it
+        when the context has written all its charged layers)."""
         entry = self._entries.get(context)
         if entry is None or not entry.charged:
             return None
