@@ -156,19 +156,11 @@ class ResidencyLedger:
         return frozenset(entry.charged) if entry is not None else frozenset()
 
     def charged_in_order(self, context: int) -> list[int]:
-        """The context's charged layers, in its order (the last is :meth:`last_charged`)."""
+        """The context's charged layers, in its order (the re-planner demotes from the end)."""
         entry = self._entries.get(context)
         if entry is None:
             return []
         return [layer for layer in entry.order if layer in entry.charged]
-
-    def last_charged(self, context: int) -> int | None:
-        """The charged layer latest in the context's order, or None (the re-planner demotes it
-        when the context has written all its charged layers)."""
-        entry = self._entries.get(context)
-        if entry is None or not entry.charged:
-            return None
-        return next(layer for layer in reversed(entry.order) if layer in entry.charged)
 
     def next_uncharged(self, context: int, count: int) -> int | None:
         """The first layer of the context's first ``count`` in its order that is not charged

@@ -33,7 +33,7 @@ def test_demotion_takes_the_last_charged_in_order_and_promotion_the_next(layers,
     ledger.register(7, (LAYER,) * layers, order)
     for layer in order[:held]:
         ledger.charge(7, layer)
-    assert ledger.last_charged(7) == order[held - 1]
+    assert ledger.charged_in_order(7) == list(order[:held])  # the last is order[held - 1]
     assert ledger.next_uncharged(7, layers) == (order[held] if held < layers else None)
     ledger.credit(7, order[held - 1])  # demoted
     assert ledger.next_uncharged(7, held) == order[held - 1]  # the one to promote back
