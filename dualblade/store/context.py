@@ -336,7 +336,7 @@ class KVContext:
                 k = torch.empty(shape, dtype=self.dtype, device=device)
                 v = torch.empty(shape, dtype=self.dtype, device=device)
             elif isinstance(out, ReadBuffers):
-                k, v = self.tensor_shape.out_views((out.k, out.v), shape[0], device)
+                k, v = out.first_rows(shape[0], self.tensor_shape, device)
                 landings = out.landings
             else:
                 k, v = self.tensor_shape.out_views(out, shape[0], device)

@@ -15,6 +15,7 @@ import torch
 
 from dualblade.actors import Landing
 from dualblade.io_engine import PAGE_SIZE, AlignedBuffer
+from dualblade.store.tensor_shape import KVTensorShape
 
 
 class ReadBuffers:
@@ -37,6 +38,10 @@ class ReadBuffers:
         self._dtype = dtype
         self._memory: AlignedBuffer | None = None
         self._landings: tuple[Landing | None, Landing | None] = (None, None)
+        # The views the last read returned, and what they were checked for (see ``first_rows``).
+        self._last_views: (
+            tuple[tuple[int, KVTensorShape, torch.device], tuple[torch.Tensor, torch.Tensor]] | None
+        ) = None
         if device.type == "cpu":
             nbytes = rows * batch * width * torch.empty((), dtype=dtype).element_size()
             # V's image starts on a fresh page, as aligned as K's (O_DIRECT needs the LBA size).
@@ -59,6 +64,27 @@ class ReadBuffers:
             memory.tensor(self._dtype, count=count, offset=v.offset).view(self._shape),
         )
 
+    def first_rows(
+        self, rows: int, shape: KVTensorShape, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``k`` and ``v``'s first ``rows`` rows, checked for a reader of ``shape`` on
+        ``device`` (:meth:`KVTensorShape.out_views`) once for as long as it asks the same.
+
+        A decode step reads every layer into the same buffers with the same row count; checking
+        the buffers and slicing them again for each read was 8 % of the event loop's GIL time
+        on the H200 machine (docs/pipeline-profile.md).
+
+        Raises:
+            KVShapeError: the buffers do not fit such a read.
+        """
+        key = (rows, shape, device)
+        last = self._last_views
+        if last is not None and last[0] == key:
+            return last[1]
+        views = shape.out_views((self.k, self.v), rows, device)
+        self._last_views = (key, views)
+        return views
+
     @property
     def landings(self) -> tuple[Landing | None, Landing | None]:
         """Where ``k`` and ``v`` lie in aligned memory (None on a GPU)."""
@@ -71,6 +97,7 @@ class ReadBuffers:
             BufferError: a view of ``k`` or ``v`` is still alive elsewhere; nothing is released
                 and the buffers stay usable.
         """
+        self._last_views = None
         if self._memory is None:
             return
         del self.k, self.v

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.store import ReadBuffers, open_store
+from dualblade.store import KVShapeError, ReadBuffers, open_store
 
 from .conftest import MakeConfig, prefill_and_append, random_kv
 
@@ -78,3 +78,31 @@ async def test_closing_read_buffers_while_a_view_lives_is_refused(make_config: M
         del view, _
         buffers.close()
         buffers.close()  # idempotent
+
+
+async def test_reads_of_one_row_count_reuse_their_checked_views(make_config: MakeConfig):
+    config = make_config("direct", "aligned", prompt_len=8, max_new_tokens=2)
+    async with (
+        open_store(config, device="cpu") as store,
+        store.context() as ctx,
+        store.context(batch=1) as narrow,
+    ):
+        expected = {layer: random_kv(config, 8, seed=10 + layer) for layer in (0, 1)}
+        for layer, (k, v) in expected.items():
+            await ctx.write(layer, k, v)
+        await narrow.write(0, expected[0][0][:, :1], expected[0][1][:, :1])
+        with ctx.read_buffers() as buffers:
+            first_k, first_v = await ctx.read(0, out=buffers)
+            assert torch.equal(first_k, expected[0][0])
+            again_k, again_v = await ctx.read(1, out=buffers)
+            assert again_k is first_k  # made once for 8 rows
+            assert again_v is first_v
+            assert torch.equal(again_k, expected[1][0])
+            assert torch.equal(again_v, expected[1][1])
+            fewer_k, _ = await ctx.read(1, (0, 5), out=buffers)
+            assert fewer_k is not first_k
+            assert fewer_k.shape[0] == 5
+            # the views were checked for ctx's shape: another shape is checked again
+            with pytest.raises(KVShapeError, match=r"out k is .* \[>= 8, 1,") as refused:
+                await narrow.read(0, out=buffers)
+            del first_k, first_v, again_k, again_v, fewer_k, _, refused  # the traceback too
