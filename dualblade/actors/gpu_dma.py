@@ -20,7 +20,8 @@ import anyio
 import torch
 
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
-from dualblade.actors.dma_completions import DmaCompletions
+from dualblade.actors.cuda_driver import CudaDriver, DriverEvent, load_driver
+from dualblade.actors.dma_completions import CompletionEvent, DmaCompletions
 from dualblade.io_engine import loop_caller
 from dualblade.telemetry import NULL_TRACER, Tracer
 
@@ -52,6 +53,11 @@ class GpuDmaActor(Actor[Copy]):
         self.cuda = device.type == "cuda"
         self._stream: torch.cuda.Stream | None = None
         self._completions: DmaCompletions | None = None
+        # Copies go through the driver with the GIL held where it loads (cuda_driver.py).
+        self._driver: CudaDriver | None = None
+        self._ready_event = 0  # recorded on the caller's stream, waited for by the DMA stream
+        self._free_events: list[int] = []  # done events whose copies were answered
+        self.driver_copies = 0
         self._failure: BaseException | None = None  # a copy that failed breaks the stream
         self.bytes_h2d = 0
         self.bytes_d2h = 0
@@ -70,6 +76,11 @@ class GpuDmaActor(Actor[Copy]):
                 "cuda", torch.cuda.current_device() if index is None else index
             )
             self._stream = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
+            if self.device.index == torch.cuda.current_device():
+                # the stream's creation made the device's context current on this thread
+                self._driver = load_driver()
+                if self._driver is not None:
+                    self._ready_event = self._driver.new_event()
             self._completions = DmaCompletions(loop_caller(), name=f"{self.name}-completions")
             self._completions.start()
 
@@ -79,6 +90,10 @@ class GpuDmaActor(Actor[Copy]):
             # before the owner may free those buffers.
             self._completions.close()
             await anyio.to_thread.run_sync(self._completions.join)
+        if self._driver is not None:
+            for event in [*self._free_events, self._ready_event]:
+                self._driver.destroy_event(event)
+            self._free_events.clear()
 
     async def handle(self, message: Copy) -> None:
         nbytes = message.source.numel() * message.source.element_size()
@@ -119,16 +134,10 @@ class GpuDmaActor(Actor[Copy]):
         # stream; the DMA stream must not start before that work ends, or it copies rows that are
         # not computed yet, or writes memory a kernel still reads.
         caller_stream = torch.cuda.current_stream(self.device)
-        self._stream.wait_stream(caller_stream)
-        # ``set_stream`` rather than ``torch.cuda.stream()``: the context manager looks the
-        # device up through ``cuda.is_available()`` on every entry.
-        torch.cuda.set_stream(self._stream)
-        try:
-            message.destination.copy_(message.source, non_blocking=True)
-            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            done.record(self._stream)
-        finally:
-            torch.cuda.set_stream(caller_stream)
+        driver_done = self._driver_copy(message, nbytes, caller_stream)
+        done: CompletionEvent = (
+            driver_done if driver_done is not None else self._torch_copy(message, caller_stream)
+        )
 
         def answer(error: BaseException | None) -> None:
             # Runs on the loop. The caller's tensors lived until now: ``message`` holds them.
@@ -136,6 +145,8 @@ class GpuDmaActor(Actor[Copy]):
                 self._failure = error
                 message.reply.fail(ActorStoppedError(f"{self.name}: the copy failed: {error!r}"))
                 return
+            if driver_done is not None:  # answered, so its event may be recorded again
+                self._free_events.append(driver_done.handle)
             if self.tracer.enabled:
                 self.tracer.complete(
                     self.name,
@@ -148,6 +159,48 @@ class GpuDmaActor(Actor[Copy]):
             message.reply.set(nbytes)
 
         self._completions.watch(done, answer)
+
+    def _driver_copy(
+        self, message: Copy, nbytes: int, caller_stream: torch.cuda.Stream
+    ) -> DriverEvent | None:
+        """Queue the copy through the driver; its done event, or None where it cannot (no
+        driver, a non-contiguous side, or another context current on this thread now)."""
+        driver = self._driver
+        source, destination = message.source, message.destination
+        if (
+            driver is None
+            or not source.is_contiguous()
+            or not destination.is_contiguous()
+            or not driver.is_current()
+        ):
+            return None
+        assert self._stream is not None
+        stream = self._stream.cuda_stream
+        driver.record(self._ready_event, caller_stream.cuda_stream)
+        driver.wait(stream, self._ready_event)
+        if message.direction == "h2d":
+            driver.copy_to_device(destination.data_ptr(), source.data_ptr(), nbytes, stream)
+        else:
+            driver.copy_to_host(destination.data_ptr(), source.data_ptr(), nbytes, stream)
+        event = self._free_events.pop() if self._free_events else driver.new_event()
+        driver.record(event, stream)
+        self.driver_copies += 1
+        return DriverEvent(driver, event)
+
+    def _torch_copy(self, message: Copy, caller_stream: torch.cuda.Stream) -> torch.cuda.Event:
+        """Queue the copy through torch; its done event."""
+        assert self._stream is not None
+        self._stream.wait_stream(caller_stream)
+        # ``set_stream`` rather than ``torch.cuda.stream()``: the context manager looks the
+        # device up through ``cuda.is_available()`` on every entry.
+        torch.cuda.set_stream(self._stream)
+        try:
+            message.destination.copy_(message.source, non_blocking=True)
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(self._stream)
+        finally:
+            torch.cuda.set_stream(caller_stream)
+        return done
 
     def _host_copy(self, message: Copy) -> None:
         message.destination.copy_(message.source)
