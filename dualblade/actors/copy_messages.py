@@ -7,13 +7,13 @@ page-cache file, memory map — see :mod:`.spans`) with the rows of the caller's
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
 
 from dualblade.actors._base import Reply
-from dualblade.io_engine import AlignedBuffer
+from dualblade.io_engine import AlignedBuffer, StorageSlots
 
 
 class StorageSpan(Protocol):
@@ -24,8 +24,9 @@ class StorageSpan(Protocol):
     buffer_offset: int
     nbytes: int
 
-    async def read_into(self, buffer: AlignedBuffer) -> None:
-        """Fill the buffer's span from storage."""
+    async def read_into(self, buffer: AlignedBuffer, slots: StorageSlots | None = None) -> None:
+        """Fill the buffer's span from storage, holding one of ``slots`` (when given) exactly
+        while the read is in flight."""
 
     async def write_from(self, buffer: AlignedBuffer) -> None:
         """Write the buffer's span to storage."""
@@ -111,3 +112,12 @@ class Store:
 
 
 CopyMessage = Load | Store
+
+
+def in_image(message: CopyMessage, base: int) -> CopyMessage:
+    """``message`` moved ``base`` bytes into its copy thread's buffer (its second image)."""
+    if base == 0:
+        return message
+    span = message.span.at(message.span.buffer_offset + base)
+    view = replace(message.view, offset=message.view.offset + base)
+    return replace(message, span=span, view=view)

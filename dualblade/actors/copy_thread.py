@@ -15,7 +15,6 @@ buffer. Storage transfers are done holding one slot of the shared
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 from typing import Any
 
 import anyio
@@ -31,11 +30,12 @@ from dualblade.actors.copy_messages import (
     StorageSpan,
     Store,
     TransferStats,
+    in_image,
 )
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
 from dualblade.actors.strategy_probe import OverlapGate
 from dualblade.errors import DualbladeError, plain_errors
-from dualblade.io_engine import AlignedBuffer
+from dualblade.io_engine import AlignedBuffer, StorageSlots
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 #: A transfer is cut into row-aligned pieces of about this many bytes, so that within one pinned
@@ -199,7 +199,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             elif (host := self._host_tensor(message)) is not None:
                 storage_done = await self._host_transfer(message, host)
             else:  # through the pinned buffer, in this transfer's image of it
-                message = _in_image(message, image_base)
+                message = in_image(message, image_base)
                 if isinstance(message, Load):
                     storage_done = await self._load(message)
                 else:
@@ -249,10 +249,10 @@ class CopyThreadActor(Actor[CopyMessage]):
         return span.at(start), landing.buffer
 
     async def _land(self, span: StorageSpan, memory: AlignedBuffer) -> float:
-        """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate."""
-        async with self.gate.limiter_for(span.path):
-            with self.tracer.span(self.name, f"land {span.label}", bytes=span.nbytes):
-                await span.read_into(memory)
+        """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate
+        while the read is in flight (taken and passed on in the engine: StorageSlots)."""
+        with self.tracer.span(self.name, f"land {span.label}", bytes=span.nbytes):
+            await span.read_into(memory, self.gate.limiter_for(span.path))
         return time.perf_counter()
 
     def _host_tensor(self, message: CopyMessage) -> torch.Tensor | None:
@@ -288,19 +288,38 @@ class CopyThreadActor(Actor[CopyMessage]):
 
     async def _load(self, message: Load) -> float:
         """Storage -> pinned -> device, piece by piece: a piece's DMA overlaps later reads.
-
-        The storage slot of the overlap gate is held until the last piece has been read, so
-        Overlap-Cross still lets only one thread read at a time while DMAs trail behind.
-        Returns when the last read finished.
-
-        The slot is taken before the buffer's room, as stores take them: one order for both,
-        or a load holding room while it waits for a slot and a store holding a slot while it
-        waits for that room would wait for each other forever.
-        """
+        Returns when the last read finished."""
         pieces = self._pieces(message.span, message.view)
-        token = object()
         limiter = self.gate.limiter_for(message.span.path)
-        await limiter.acquire_on_behalf_of(token)
+        if len(pieces) == 1 and self.images > 1:
+            # CUDA's common case: one piece, in an image of this transfer's own (its room is
+            # never waited for), so its read waits for the storage slot in the engine, where
+            # the read before it hands the slot on from the ring thread (StorageSlots).
+            sub_span, sub_view, rows = pieces[0]
+            region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
+            await self._ranges.acquire(*region)
+            try:
+                with self.tracer.span(self.name, f"read {sub_span.label}", bytes=sub_span.nbytes):
+                    await sub_span.read_into(self.buffer, limiter)
+                storage_done = time.perf_counter()
+                await self._dma(
+                    self._view_tensor(sub_view), message.destination[rows], "h2d", sub_span.label
+                )
+            finally:
+                self._ranges.release(*region)
+            return storage_done
+        return await self._load_pieces(message, pieces, limiter)
+
+    async def _load_pieces(
+        self,
+        message: Load,
+        pieces: list[tuple[StorageSpan, RowView, slice]],
+        limiter: StorageSlots,
+    ) -> float:
+        """:meth:`_load` holding one storage slot from the first piece's read to the last's
+        (Overlap-Cross: one thread reads at a time while DMAs trail). The slot is taken before
+        the buffer's room, as stores take them, or the two could wait for each other forever."""
+        await limiter.acquire()
         reads_left = len(pieces)
         storage_done = time.perf_counter()
 
@@ -308,7 +327,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             nonlocal reads_left, storage_done
             reads_left -= 1
             if reads_left == 0:
-                limiter.release_on_behalf_of(token)
+                limiter.release()
                 storage_done = time.perf_counter()
 
         async def piece(sub_span: StorageSpan, sub_view: RowView, rows: slice) -> None:
@@ -333,18 +352,13 @@ class CopyThreadActor(Actor[CopyMessage]):
                 self._ranges.release(*region)
 
         try:
-            if len(pieces) == 1:
-                # The common case with CUDA's large pieces: a task group and a task for one
-                # piece are Python the event loop can spare.
-                await piece(*pieces[0])
-            else:
-                with plain_errors():  # a piece's DualbladeError must reach _transfer as itself
-                    async with anyio.create_task_group() as tg:
-                        for sub_span, sub_view, rows in pieces:
-                            tg.start_soon(piece, sub_span, sub_view, rows)
+            with plain_errors():  # a piece's DualbladeError must reach _transfer as itself
+                async with anyio.create_task_group() as tg:
+                    for sub_span, sub_view, rows in pieces:
+                        tg.start_soon(piece, sub_span, sub_view, rows)
         finally:
             if reads_left > 0:  # a piece never started: do not leak the storage slot
-                limiter.release_on_behalf_of(token)
+                limiter.release()
         return storage_done
 
     async def _store(self, message: Store) -> float:
@@ -380,12 +394,3 @@ class CopyThreadActor(Actor[CopyMessage]):
     ) -> None:
         reply: Reply[int] = Reply()
         await self.dma.ask(Copy(source, destination, direction, label, reply), reply)
-
-
-def _in_image(message: CopyMessage, base: int) -> CopyMessage:
-    """``message`` moved ``base`` bytes into its copy thread's buffer (its second image)."""
-    if base == 0:
-        return message
-    span = message.span.at(message.span.buffer_offset + base)
-    view = replace(message.view, offset=message.view.offset + base)
-    return replace(message, span=span, view=view)

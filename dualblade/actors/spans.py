@@ -30,7 +30,14 @@ from typing import Any, Self, cast
 import anyio
 import torch
 
-from dualblade.io_engine import AlignedBuffer, IOEngine, IOFailedError, PageCacheFile, Target
+from dualblade.io_engine import (
+    AlignedBuffer,
+    IOEngine,
+    IOFailedError,
+    PageCacheFile,
+    StorageSlots,
+    Target,
+)
 
 
 @dataclass
@@ -143,9 +150,14 @@ class DirectSpan(_Placement):
     counters: PathCounters
     path: str = "direct"
 
-    async def read_into(self, buffer: AlignedBuffer) -> None:
+    async def read_into(self, buffer: AlignedBuffer, slots: StorageSlots | None = None) -> None:
         await self.engine.pread(
-            self.target, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+            self.target,
+            buffer,
+            self.nbytes,
+            self.file_offset,
+            buf_offset=self.buffer_offset,
+            slots=slots,
         )
         self.counters.add(self.path, read=self.nbytes)
 
@@ -195,9 +207,14 @@ class PageCacheSpan(_Placement):
                 self.file.start_write_back, self.file_offset, self.nbytes
             )
 
-    async def read_into(self, buffer: AlignedBuffer) -> None:
+    async def read_into(self, buffer: AlignedBuffer, slots: StorageSlots | None = None) -> None:
         await self.engine.pread(
-            self.file, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
+            self.file,
+            buffer,
+            self.nbytes,
+            self.file_offset,
+            buf_offset=self.buffer_offset,
+            slots=slots,
         )
         self._read_done()
 
@@ -284,8 +301,12 @@ class MmapSpan(_Placement):
     def _window(self, buffer: AlignedBuffer) -> memoryview:
         return buffer.view[self.buffer_offset : self.buffer_offset + self.nbytes]
 
-    async def read_into(self, buffer: AlignedBuffer) -> None:
-        await anyio.to_thread.run_sync(self._copy, True, self._window(buffer))
+    async def read_into(self, buffer: AlignedBuffer, slots: StorageSlots | None = None) -> None:
+        if slots is None:
+            await anyio.to_thread.run_sync(self._copy, True, self._window(buffer))
+        else:
+            async with slots:
+                await anyio.to_thread.run_sync(self._copy, True, self._window(buffer))
         self.counters.add(self.path, read=self.nbytes)
 
     async def write_from(self, buffer: AlignedBuffer) -> None:

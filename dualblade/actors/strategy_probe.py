@@ -24,9 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import anyio
-
 from dualblade.actors._base import Actor, Reply
+from dualblade.io_engine import StorageSlots
 from dualblade.logs import get_logger
 from dualblade.telemetry import NULL_TRACER, Tracer
 
@@ -42,7 +41,7 @@ class OverlapGate:
 
     def __init__(self, copy_threads: int, strategy: StrategyName = "intra") -> None:
         self.copy_threads = copy_threads
-        self._limiters: dict[str, anyio.CapacityLimiter] = {}
+        self._limiters: dict[str, StorageSlots] = {}
         self.strategy: StrategyName = strategy
         self.set(strategy)
 
@@ -57,11 +56,13 @@ class OverlapGate:
         for limiter in self._limiters.values():
             limiter.total_tokens = self.slots
 
-    def limiter_for(self, path: str) -> anyio.CapacityLimiter:
-        """Hold one token of ``path``'s slots around a storage transfer on that path."""
+    def limiter_for(self, path: str) -> StorageSlots:
+        """Hold one of ``path``'s slots around a storage transfer on that path (``async with``),
+        or hand them to the engine with the transfer (``pread(..., slots=)``), which passes a
+        slot on from a finished transfer to the next without the event loop."""
         limiter = self._limiters.get(path)
         if limiter is None:
-            limiter = self._limiters[path] = anyio.CapacityLimiter(self.slots)
+            limiter = self._limiters[path] = StorageSlots(self.slots)
         return limiter
 
 

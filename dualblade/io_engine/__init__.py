@@ -22,6 +22,7 @@ from dualblade.io_engine.opcodes import Op as Op
 from dualblade.io_engine.probe import IoUringProbe as IoUringProbe
 from dualblade.io_engine.probe import probe as probe
 from dualblade.io_engine.ring import ChunkObserver as ChunkObserver
+from dualblade.io_engine.storage_slots import StorageSlots as StorageSlots
 from dualblade.io_engine.targets import BlockDevice as BlockDevice
 from dualblade.io_engine.targets import DirectFile as DirectFile
 from dualblade.io_engine.targets import NvmeNamespace as NvmeNamespace

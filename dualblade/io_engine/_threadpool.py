@@ -28,7 +28,9 @@ class ThreadPoolBackend:
         self._pool = ThreadPoolExecutor(
             max_workers=len(LANES) * queue_depth, thread_name_prefix=name
         )
-        self._lock = threading.Lock()
+        # Re-entrant: a request that finishes under it may give its storage slot to a waiting
+        # one, whose start submits here on the same thread (storage_slots.py).
+        self._lock = threading.RLock()
         self._queues = LaneQueues(queue_depth)
         self._closed = False
         self.chunks_submitted = 0

@@ -34,6 +34,7 @@ from dualblade.io_engine._waker import async_waker, blocking_waker
 from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
 from dualblade.io_engine.ring import ChunkObserver, Ring
+from dualblade.io_engine.storage_slots import Claim, StorageSlots
 from dualblade.io_engine.targets.base import Target
 from dualblade.logs import get_logger
 
@@ -212,14 +213,18 @@ class IOEngine:
         file_offset: int,
         *,
         buf_offset: int = 0,
+        slots: StorageSlots | None = None,
     ) -> int:
         """Read ``size`` bytes at ``file_offset`` into ``buf[buf_offset:]``; returns ``size``.
+
+        ``slots``: the read waits for one of them in the engine and holds it exactly while in
+        flight; when it ends, the engine's thread starts the next waiter (storage_slots.py).
 
         Raises:
             IOFailedError: a chunk failed (target, offset, length, errno or NVMe status).
             TargetError: misaligned or out-of-range arguments.
         """
-        return await self._run_async(Kind.READ, target, buf, size, file_offset, buf_offset)
+        return await self._run_async(Kind.READ, target, buf, size, file_offset, buf_offset, slots)
 
     async def pwrite(
         self,
@@ -229,9 +234,11 @@ class IOEngine:
         file_offset: int,
         *,
         buf_offset: int = 0,
+        slots: StorageSlots | None = None,
     ) -> int:
-        """Write ``size`` bytes from ``buf[buf_offset:]`` at ``file_offset``; returns ``size``."""
-        return await self._run_async(Kind.WRITE, target, buf, size, file_offset, buf_offset)
+        """Write ``size`` bytes from ``buf[buf_offset:]`` at ``file_offset``; returns ``size``.
+        ``slots`` as for :meth:`pread`."""
+        return await self._run_async(Kind.WRITE, target, buf, size, file_offset, buf_offset, slots)
 
     async def trim(self, target: Target, offset: int, length: int) -> None:
         """Deallocate ``[offset, offset+length)`` on the target (punch hole, discard, DSM)."""
@@ -258,20 +265,44 @@ class IOEngine:
         size: int,
         offset: int,
         buf_offset: int,
+        slots: StorageSlots | None = None,
     ) -> int:
         event, wake = async_waker()
-        request = self._request(kind, target, buf, size, offset, buf_offset, wake)
-        self._submit(request)
+        claim: Claim | None = None
+        if slots is None:
+            request = self._request(kind, target, buf, size, offset, buf_offset, wake)
+            self._submit(request)
+        else:
+            claim = slots.claim(lambda: self._start_granted(request))
+            granted = claim
+
+            def finished() -> None:  # on the backend's thread: the next waiter starts there
+                if granted.granted:
+                    slots.release()
+                wake()
+
+            request = self._request(kind, target, buf, size, offset, buf_offset, finished)
+            claim.enter()
         try:
             await event.wait()
         except BaseException:
             # Cancelled (or interrupted): the kernel may still DMA into the buffer. Stop the
             # request and wait, shielded, until every posted chunk has completed.
             with anyio.CancelScope(shield=True):
-                self._backend.cancel(request)
+                if claim is not None and claim.withdraw():  # never started: nothing in flight
+                    request.abandon(IOEngineError("cancelled while waiting for a storage slot"))
+                else:
+                    self._backend.cancel(request)
                 await event.wait()
             raise
         return request.result()
+
+    def _start_granted(self, request: IORequest) -> None:
+        """Submit a request whose storage slot was just granted (on the granting thread)."""
+        try:
+            self._backend.submit(request)
+        except BaseException as error:  # closed meanwhile: it finishes and gives the slot back
+            request.abandon(error)
 
     # -- blocking API ------------------------------------------------------------------------
     def read(

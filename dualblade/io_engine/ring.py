@@ -160,7 +160,10 @@ class Ring:
         if self._stopping and what != "stop":
             raise IOEngineError("the I/O engine is closed")
         self._inbox.append((what, payload))
-        os.eventfd_write(self._eventfd, 1)
+        if threading.get_ident() != self._thread.ident:
+            # the ring thread itself (a finished request's storage slot starting the next one)
+            # drains the inbox before it sleeps again: no wake-up needed
+            os.eventfd_write(self._eventfd, 1)
 
     # -- the ring thread -----------------------------------------------------------------------
     def _run(self) -> None:

@@ -23,7 +23,7 @@ from dualblade.actors import (
     copy_thread,
 )
 from dualblade.actors.spans import DirectSpan, PathCounters
-from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError
+from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError, StorageSlots
 
 pytestmark = pytest.mark.anyio
 
@@ -76,9 +76,9 @@ async def make_rig(tmp_path, images: int = 1) -> AsyncIterator[Rig]:
     ):
         real_pread = engine.pread
 
-        async def spy_pread(tgt, buf, size, offset, *, buf_offset=0):
+        async def spy_pread(tgt, buf, size, offset, *, buf_offset=0, slots=None):
             preads.append((buf.address + buf_offset, size))
-            return await real_pread(tgt, buf, size, offset, buf_offset=buf_offset)
+            return await real_pread(tgt, buf, size, offset, buf_offset=buf_offset, slots=slots)
 
         engine.pread = spy_pread  # type: ignore[method-assign]
         dma = GpuDmaActor(torch.device("cpu"))
@@ -189,10 +189,10 @@ async def test_failed_storage_read_fails_only_that_request(rig):
         def piece(self, buffer_offset: int, nbytes: int) -> FailingSpan:
             return replace(self, inner=self.inner.piece(buffer_offset, nbytes))
 
-        async def read_into(self, buffer: AlignedBuffer) -> None:
+        async def read_into(self, buffer: AlignedBuffer, slots: StorageSlots | None = None) -> None:
             if self.inner.buffer_offset >= 10 * STRIDE:  # the third piece fails
                 raise IOFailedError(self.inner.target.name, "read", 0, 4096, errno=errno.EIO)
-            await self.inner.read_into(buffer)
+            await self.inner.read_into(buffer, slots)
 
         async def write_from(self, buffer: AlignedBuffer) -> None:
             raise AssertionError("not used")
