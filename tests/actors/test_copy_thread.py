@@ -240,6 +240,28 @@ async def test_two_images_let_two_transfers_use_the_buffer_at_once(tmp_path):
         assert sorted(two.thread._free_images) == [0, 1]
 
 
+async def test_a_load_in_its_own_image_waits_for_its_storage_slot_in_the_engine(tmp_path):
+    """With two images a one-piece load queues for the gate's slot inside the engine (the ring
+    thread hands it on) and holds it only while its read is in flight."""
+    async with make_rig(tmp_path, images=2) as two:
+        source = data(ROWS, 8)
+        await two.move("store", 0, source)
+        slots = two.thread.gate.limiter_for("direct")
+        await slots.acquire()  # the only slot, held by the test
+        destination = torch.zeros_like(source)
+        reads = len(two.preads)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(two.move, "load", 0, destination)
+            await anyio.wait_all_tasks_blocked()
+            assert len(two.preads) == reads + 1  # handed to the engine before its slot ...
+            assert slots.waiting == 1  # ... where it waits for it
+            assert not destination.any()
+            slots.release()
+        assert torch.equal(destination, source)
+        assert slots.borrowed_tokens == 0
+        assert slots.waiting == 0
+
+
 def test_a_buffer_holds_one_or_two_images():
     dma = GpuDmaActor(torch.device("cpu"))
     with AlignedBuffer(ROWS * STRIDE) as buffer, pytest.raises(ValueError, match="1 or 2"):
