@@ -3,8 +3,9 @@
 A pure-direct decode-read workload: one context's KV cache is written once, then each run reads
 every layer's K and V ``passes`` times — through the pipeline (``ctx.read`` into the context's
 read buffers, as a decoder reads: copy-thread actors, the overlap gate, the GPU-DMA actor) and
-through the raw engine (``pread`` of the very same extents into as many aligned buffers as there
-are copy threads: the pipeline's overlap gate lets as many KPUs at a time reach storage). The
+through the raw engine (``pread`` of the very same extents into as many buffers as there are
+copy threads, of the memory the pipeline's reads land in, each buffer's reads chained in the
+engine: the pipeline's overlap gate lets as many KPUs at a time reach storage). The
 pipeline keeps as many layers' reads in flight as there are copy threads, each into its own read
 buffers, so a KPU is always waiting when a storage slot frees. Runs alternate so drift hits both;
 the ratio is of medians. Each run also reports the process's CPU seconds (all threads) per GB
@@ -17,6 +18,7 @@ raw engine is held against, on data of the same age.
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Awaitable, Callable
@@ -27,7 +29,7 @@ import anyio
 import torch
 
 from dualblade.bench import fio
-from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer
+from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer, StorageSlots
 from dualblade.pipeline import KpuExtent, PipelineConfig
 from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
@@ -105,23 +107,24 @@ async def pipeline_pass(ctx: KVContext, layers: int, pool: list[ReadBuffers]) ->
 
 
 async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]) -> None:
-    """Every extent once through the engine, one read per buffer at a time."""
+    """Every extent once through the engine, one read per buffer at a time, with nothing
+    between two reads of a buffer: each buffer's reads queue for its one slot in the engine,
+    and the ring thread starts the next as the last ends (no event-loop round trip, which the
+    pipeline pays), so the raw side bounds the pipeline at the same storage concurrency."""
     extents = list(await ctx.direct_map())
-    give, take = anyio.create_memory_object_stream[AlignedBuffer](len(buffers))
-    for buffer in buffers:
-        give.send_nowait(buffer)
-
-    async def one(offset: int, nbytes: int) -> None:
-        buffer = await take.receive()
-        try:
-            await store.raw_direct_read(buffer, nbytes, offset)
-        finally:
-            give.send_nowait(buffer)
-
-    with give, take:
-        async with anyio.create_task_group() as tg:
-            for extent in extents:
-                tg.start_soon(one, extent.byte_offset, extent.nbytes)
+    slots = [StorageSlots(1) for _ in buffers]
+    async with anyio.create_task_group() as tg:
+        for index, extent in enumerate(extents):
+            turn = index % len(buffers)
+            tg.start_soon(
+                functools.partial(
+                    store.raw_direct_read,
+                    buffers[turn],
+                    extent.nbytes,
+                    extent.byte_offset,
+                    slots=slots[turn],
+                )
+            )
 
 
 async def _one_run(
@@ -146,6 +149,23 @@ async def _one_run(
             f"run {run + 1} {side:8} {out[side][0] / 1e6:8.1f} MB/s {out[side][1]:.3f} CPU s/GB"
         )
     return out
+
+
+def _raw_buffers(
+    store: KVStore, ctx: KVContext, count: int
+) -> tuple[list[ReadBuffers], list[AlignedBuffer]]:
+    """Memory of the kind the pipeline's reads land in, for the raw side: on the host the read
+    buffers' own aligned memory (the pipeline lands there), on a GPU the copy threads' pinned
+    buffers, registered with the ring (the pipeline reads into them with fixed-buffer reads).
+    A plain buffer of a KPU's size read 3 % slower here than read-buffer memory (the pipeline
+    beat that raw side by up to 7.7 %), and on a GPU it was read without the ring's fixed
+    buffers: no bound either way (docs/pipeline-profile.md). Returns the read buffers to close,
+    and the buffers to read into."""
+    if store.device.type == "cpu":
+        memory = [ctx.read_buffers() for _ in range(count)]
+        landings = [buffers.landings[0] for buffers in memory]
+        return memory, [landing.buffer for landing in landings if landing is not None]
+    return [], store.pinned_buffers()[:count]
 
 
 def _fio_reader(
@@ -209,7 +229,7 @@ async def run_pipebench(
         rates: dict[str, list[float]] = {"pipeline": [], "raw": [], "fio": []}
         cpu: dict[str, list[float]] = {"pipeline": [], "raw": []}
         pipeline = [ctx.read_buffers() for _ in range(threads)]
-        raw = [AlignedBuffer(store.stats().buffer_bytes) for _ in range(threads)]
+        raw_memory, raw = _raw_buffers(store, ctx, threads)
         try:
             sides: dict[str, Callable[[], Awaitable[None]]] = {
                 "pipeline": lambda: pipeline_pass(ctx, layers, pipeline),
@@ -228,10 +248,8 @@ async def run_pipebench(
                 if rates["fio"]:
                     progress(f"run {run + 1} fio      {rates['fio'][-1] / 1e6:8.1f} MB/s")
         finally:
-            for buffers in pipeline:
+            for buffers in [*pipeline, *raw_memory]:
                 buffers.close()
-            for buffer in raw:
-                buffer.close()
         strategy = store.stats().strategy
     return PipeBenchResult(
         rates["pipeline"],

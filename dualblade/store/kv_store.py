@@ -38,7 +38,7 @@ from dualblade.actors import (
     TrafficChanged,
 )
 from dualblade.errors import ConfigError, plain_errors
-from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, Target
+from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, StorageSlots, Target
 from dualblade.pipeline import (
     PipelineConfig,
     Plan,
@@ -275,10 +275,19 @@ class KVStore:
         the bench's request log and a trace's I/O track."""
         self.runtime.engine.observe_chunks(observer)
 
-    async def raw_direct_read(self, buffer: AlignedBuffer, nbytes: int, offset: int) -> None:
+    def pinned_buffers(self) -> list[AlignedBuffer]:
+        """The copy threads' pinned buffers, registered with the ring where it can: memory that
+        a reference reading as the pipeline does (``dualblade pipebench``'s raw side on a GPU)
+        reads into, and only while no transfer runs."""
+        return list(self.runtime.buffers)
+
+    async def raw_direct_read(
+        self, buffer: AlignedBuffer, nbytes: int, offset: int, *, slots: StorageSlots | None = None
+    ) -> None:
         """Read ``nbytes`` at byte ``offset`` of the direct target into ``buffer`` through the
         store's I/O engine, around the actors: the raw reference ``dualblade pipebench`` holds
-        the pipeline against. A context's extents come from ``ctx.direct_map()``.
+        the pipeline against. A context's extents come from ``ctx.direct_map()``. ``slots``:
+        the read waits for one in the engine (``IOEngine.pread``).
 
         Raises:
             ConfigError: the range leaves the configured extent.
@@ -291,7 +300,7 @@ class KVStore:
                 f"bytes [{offset}, {offset + nbytes}) are outside the store's direct extent "
                 f"[{first * lba}, {end * lba})"
             )
-        await self.runtime.engine.pread(self.runtime.direct, buffer, nbytes, offset)
+        await self.runtime.engine.pread(self.runtime.direct, buffer, nbytes, offset, slots=slots)
 
 
 @contextlib.asynccontextmanager
