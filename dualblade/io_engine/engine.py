@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, Protocol
 
 import anyio
@@ -273,16 +273,8 @@ class IOEngine:
             request = self._request(kind, target, buf, size, offset, buf_offset, wake)
             self._submit(request)
         else:
-            claim = slots.claim(lambda: self._start_granted(request))
-            granted = claim
-
-            def finished() -> None:  # on the backend's thread: the next waiter starts there
-                if granted.granted:
-                    slots.release()
-                wake()
-
-            request = self._request(kind, target, buf, size, offset, buf_offset, finished)
-            claim.enter()
+            claim = self._queue_for_slot(slots, kind, target, buf, size, offset, buf_offset, wake)
+            request = claim.request
         try:
             await event.wait()
         except BaseException:
@@ -296,6 +288,29 @@ class IOEngine:
                 await event.wait()
             raise
         return request.result()
+
+    def _queue_for_slot(
+        self,
+        slots: StorageSlots,
+        kind: Kind,
+        target: Target,
+        buf: AlignedBuffer | None,
+        size: int,
+        offset: int,
+        buf_offset: int,
+        wake: Callable[[], None],
+    ) -> Claim:
+        """A request that waits for one of ``slots`` and is started by whoever frees it."""
+        claim = slots.claim(lambda: self._start_granted(claim.request))
+
+        def finished() -> None:  # on the backend's thread: the next waiter starts there
+            if claim.granted:
+                slots.release()
+            wake()
+
+        claim.request = self._request(kind, target, buf, size, offset, buf_offset, finished)
+        claim.enter()
+        return claim
 
     def _start_granted(self, request: IORequest) -> None:
         """Submit a request whose storage slot was just granted (on the granting thread)."""

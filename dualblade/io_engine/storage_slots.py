@@ -22,6 +22,7 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 
@@ -126,6 +127,13 @@ class StorageSlots:
             granted = self._grant_locked()
         _run(granted)
 
+    def _withdraw(self, waiter: _StartWaiter) -> bool:
+        with self._lock:
+            if waiter.granted:
+                return False
+            self._waiters.remove(waiter)
+            return True
+
     async def acquire(self) -> None:
         """Wait (on the event loop) for a slot; :meth:`release` it when done."""
         with self._lock:
@@ -157,6 +165,8 @@ class Claim:
     def __init__(self, slots: StorageSlots, waiter: _StartWaiter) -> None:
         self._slots = slots
         self._waiter = waiter
+        #: what the claim is for, set by its maker before :meth:`enter` (the engine's request)
+        self.request: Any = None
 
     def enter(self) -> None:
         """Queue: ``start`` (which must not raise) is called now if a slot is free, else on the
@@ -172,11 +182,7 @@ class Claim:
     def withdraw(self) -> bool:
         """Leave the queue before the turn came: True when it did (the transfer will never
         start and holds nothing), False when it was already granted."""
-        with self._slots._lock:
-            if self._waiter.granted:
-                return False
-            self._slots._waiters.remove(self._waiter)
-            return True
+        return self._slots._withdraw(self._waiter)
 
 
 def _run(granted: list[_LoopWaiter | _StartWaiter]) -> None:
