@@ -273,7 +273,11 @@ class IOEngine:
             request = self._request(kind, target, buf, size, offset, buf_offset, wake)
             self._submit(request)
         else:
-            claim = self._queue_for_slot(slots, kind, target, buf, size, offset, buf_offset, wake)
+            claim = self._queue_for_slot(
+                slots,
+                lambda notify: self._request(kind, target, buf, size, offset, buf_offset, notify),
+                wake,
+            )
             request = claim.request
         try:
             await event.wait()
@@ -292,15 +296,11 @@ class IOEngine:
     def _queue_for_slot(
         self,
         slots: StorageSlots,
-        kind: Kind,
-        target: Target,
-        buf: AlignedBuffer | None,
-        size: int,
-        offset: int,
-        buf_offset: int,
+        make_request: Callable[[Callable[[], None]], IORequest],
         wake: Callable[[], None],
     ) -> Claim:
-        """A request that waits for one of ``slots`` and is started by whoever frees it."""
+        """A request (made by ``make_request`` with its end callback) that waits for one of
+        ``slots`` and is started by whoever frees it; ``wake`` when it has ended."""
         claim = slots.claim(lambda: self._start_granted(claim.request))
 
         def finished() -> None:  # on the backend's thread: the next waiter starts there
@@ -308,7 +308,7 @@ class IOEngine:
                 slots.release()
             wake()
 
-        claim.request = self._request(kind, target, buf, size, offset, buf_offset, finished)
+        claim.request = make_request(finished)
         claim.enter()
         return claim
 
