@@ -1,4 +1,4 @@
-"""anyio's locks, semaphores and limiters taken without a trip through the event loop when free.
+"""anyio's locks and semaphores taken without a trip through the event loop when free.
 
 Why: anyio's ``acquire`` always checkpoints — it yields to the event loop once even when the
 lock is free — so that a task looping on a free lock cannot starve the others. A context's
@@ -8,7 +8,9 @@ LMCache adapter's profile. A lock that is taken waits as before (FIFO, cancellab
 
 Used for the layer locks only. The copy threads' slot and the overlap gate's limiter were
 tried too: `dualblade pipebench --target /dev/shm/...` spent the same CPU per GB (pipeline
-0.211-0.243 s/GB after, 0.203-0.240 before), so they were left as they were.
+0.211-0.243 s/GB after, 0.203-0.240 before), so they were left as they were. (The gate's slots
+are now :class:`~dualblade.io_engine.StorageSlots`, which take a free slot without a
+checkpoint themselves.)
 """
 
 from __future__ import annotations
@@ -42,12 +44,3 @@ async def holding(lock: _Acquirable) -> AsyncIterator[None]:
         yield
     finally:
         lock.release()
-
-
-async def acquire_on_behalf_of(limiter: anyio.CapacityLimiter, borrower: object) -> None:
-    """``await limiter.acquire_on_behalf_of(borrower)``, without its checkpoint when a token
-    is free."""
-    try:
-        limiter.acquire_on_behalf_of_nowait(borrower)
-    except anyio.WouldBlock:
-        await limiter.acquire_on_behalf_of(borrower)
