@@ -39,21 +39,23 @@ from dualblade.io_engine import AlignedBuffer, StorageSlots
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 #: A transfer is cut into row-aligned pieces of about this many bytes, so that within one pinned
-#: buffer the DMA (or host copy) of a piece overlaps the storage transfer of the next (and a
-#: KPU's storage read is still submitted whole, keeping the queue deep). Each piece costs a fixed
-#: amount of Python (messages, a wake-up): at 1 MiB the page-cache path, whose storage side is a
-#: memory copy, spent most of its time there (1.5 GB/s against 7 GB/s for a plain cached read).
+#: buffer the DMA (or host copy) of a piece overlaps the storage transfer of the next. Each piece
+#: costs a fixed amount of Python (messages, a wake-up): at 1 MiB the page-cache path spent most
+#: of its time there (1.5 GB/s against 7 GB/s for a plain cached read).
 PIECE_BYTES = 4 << 20
-#: Pieces for CUDA copies. Each piece costs a fixed ~0.1-0.3 ms (its reads' messages, a range
-#: lock, a DMA message, an event, waking the event loop) against 20 us of transfer per MiB at
-#: 50 GB/s. On the H200 machine, reading a resident OPT-6.7B cache to the GPU (4 copy threads)
-#: ran at 7.4-8.8 GB/s with 8 MiB pieces, 13-15 with 16, 16-18 with 32 and 18-20 with 64 MiB,
-#: while the ring alone read the same files at 25-30 GB/s and one stream's DMAs ran at 47 GB/s.
-#: The DMA of a KPU's last piece trails its read by 1.4 ms at 64 MiB: nothing beside a disk
-#: read of the same piece (34 ms at 1.9 GB/s).
+#: Pieces for CUDA copies. Each piece costs a fixed ~0.1-0.3 ms of Python against 20 us of
+#: transfer per MiB at 50 GB/s: on the H200 machine a resident OPT-6.7B cache reached the GPU at
+#: 7.4-8.8 GB/s with 8 MiB pieces and 18-20 with 64 MiB, and the DMA of a KPU's last piece then
+#: trails its read by 1.4 ms (a disk read of it takes 34 ms).
 CUDA_PIECE_BYTES = 64 << 20
 #: Buffer views kept per copy thread (a few per layer shape; the cache empties when full).
 VIEW_CACHE_SIZE = 256
+#: Transfers a copy thread runs at once on the host, where most never touch its buffer (loads
+#: land in the caller's memory, page-cache transfers move the caller's tensor; the rest are
+#: ordered by its range locks). With two, a dual step on two threads stalled: a direct layer's K
+#: and V and an append held all four leases while the next page-cache layer waited for the disk.
+#: With CUDA, two: each transfer in flight has an image of the pinned buffer of its own.
+HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
 
 
 class CopyThreadActor(Actor[CopyMessage]):
@@ -85,8 +87,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         super().__init__(f"copy-thread-{index}", tracer=tracer)
         self.index = index
         self.buffer = buffer
-        # The whole buffer as bytes, sliced per piece; made on start, dropped on stop (while it
-        # lives the buffer cannot be unmapped).
+        # The buffer as bytes, sliced per piece; dropped on stop (it pins the buffer's mapping).
         self._buffer_bytes: torch.Tensor | None = None
         self._views: dict[RowView, torch.Tensor] = {}
         self.dma = dma
@@ -99,9 +100,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.piece_bytes = CUDA_PIECE_BYTES if dma.cuda else PIECE_BYTES
         self.images = images
         self.image_bytes = buffer.size // images
-        # Two transfers at a time: the tail of one overlaps the head of the next. With two
-        # images each has one of its own; with one they share it, ordered by the range locks.
-        self._slots = anyio.Semaphore(2)
+        #: Transfers at once: the tail of one overlaps the head of the next (see above).
+        self.max_transfers = CUDA_TRANSFERS if dma.cuda else HOST_TRANSFERS
+        self._slots = anyio.Semaphore(self.max_transfers)
         self._free_images = list(range(images))
         self._task_group: TaskGroup | None = None
 
@@ -136,8 +137,7 @@ class CopyThreadActor(Actor[CopyMessage]):
     def _check(self, span: StorageSpan, view: RowView) -> None:
         assert span.buffer_offset == view.offset, "span and view must start at the same row"
         assert span.nbytes == view.rows * view.row_stride, "span and view must cover the same rows"
-        end = view.offset + view.rows * view.row_stride
-        assert end <= self.image_bytes, f"{span.label} overruns copy thread {self.index}'s buffer"
+        assert view.offset + span.nbytes <= self.image_bytes, f"{span.label} overruns the buffer"
 
     def _pieces(self, span: StorageSpan, view: RowView) -> list[tuple[StorageSpan, RowView, slice]]:
         """Row-aligned pieces of about :attr:`piece_bytes`, in order."""

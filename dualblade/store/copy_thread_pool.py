@@ -21,11 +21,12 @@ class _Waiter:
 
 
 class CopyThreadPool:
-    """Hands copy threads to transfers: the least busy one, at most two transfers each.
+    """Hands copy threads to transfers: the least busy one, at most ``per_thread`` each.
 
-    A copy thread overlaps the tail of one transfer with the head of the next inside its one
-    buffer (see :mod:`dualblade.actors.copy_thread`), so each may hold two; a transfer waits
-    while every thread holds two.
+    A copy thread overlaps the tail of one transfer with the head of the next (see
+    :mod:`dualblade.actors.copy_thread`): two at once with CUDA (an image of its buffer each),
+    more on the host, where most transfers never touch its buffer (the thread's
+    ``max_transfers``). A transfer waits while every thread holds ``per_thread``.
 
     Urgent transfers (a decode step's reads and appends: a token waits on them) go first:
     while one waits, no other transfer (a prefill's writes, a layer move) gets a thread. But not
@@ -39,10 +40,11 @@ class CopyThreadPool:
     objects at once spent half of the event loop's time there.)
     """
 
-    PER_THREAD = 2
-
-    def __init__(self, threads: list[CopyThreadActor]) -> None:
+    def __init__(self, threads: list[CopyThreadActor], per_thread: int = 2) -> None:
+        if per_thread < 1:
+            raise ValueError(f"a copy thread takes at least one transfer, not {per_thread}")
         self.threads = threads
+        self.per_thread = per_thread
         self._busy = [0] * len(threads)
         self._urgent: deque[_Waiter] = deque()
         self._others: deque[_Waiter] = deque()
@@ -58,7 +60,7 @@ class CopyThreadPool:
         callers that do the same (K's transfer leased, V's waiting, on every thread).
         ``urgent``: served before waiting transfers that are not, up to the bound above.
         """
-        assert 0 < count <= self.PER_THREAD * len(self.threads)
+        assert 0 < count <= self.per_thread * len(self.threads)
         waiter = _Waiter(count, urgent)
         (self._urgent if urgent else self._others).append(waiter)
         self._grant()
@@ -88,7 +90,7 @@ class CopyThreadPool:
         does not: a transfer of K and V is not passed for ever by single ones)."""
         while (queue := self._next()) is not None:
             waiter = queue[0]
-            if self.PER_THREAD * len(self.threads) - sum(self._busy) < waiter.count:
+            if self.per_thread * len(self.threads) - sum(self._busy) < waiter.count:
                 return
             queue.popleft()
             if waiter.urgent:

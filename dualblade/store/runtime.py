@@ -285,7 +285,7 @@ async def start_runtime(
                     dma=dma,
                     probe=probe,
                     gate=gate,
-                    pool=CopyThreadPool(threads),
+                    pool=CopyThreadPool(threads, per_thread=threads[0].max_transfers),
                     buffers=buffers,
                     tracer=tracer,
                     metrics=Metrics(),

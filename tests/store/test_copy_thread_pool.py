@@ -163,3 +163,17 @@ async def test_a_cancelled_waiter_gives_its_place_and_any_room_back() -> None:
         before.cancel()  # cancelled while waiting: it leaves the queue
     assert not pool._urgent
     assert not pool._others
+
+
+async def test_a_thread_takes_as_many_transfers_as_it_runs_at_once() -> None:
+    pool = CopyThreadPool([object(), object()], per_thread=4)  # type: ignore[list-item]
+    held = [index for _ in range(8) for index in await pool.acquire(1)]
+    assert sorted(held) == [0] * 4 + [1] * 4  # spread evenly, four each
+    with anyio.move_on_after(0.05) as waited:
+        await pool.acquire(1)
+    assert waited.cancelled_caught  # the ninth waits for room
+    pool.release(held.pop())
+    with anyio.fail_after(1):
+        assert await pool.acquire(1) == [1]
+    with pytest.raises(ValueError, match="at least one"):
+        CopyThreadPool([object()], per_thread=0)  # type: ignore[list-item]
