@@ -1,11 +1,12 @@
-"""A decode step of the bench workloads: every layer read in layer order, ahead of its use.
+"""A decode step of the bench workloads: every layer used in layer order, read ahead of its use.
 
 The sweep, serving and pressure workers all walk a context's layers the way the OPT engine
 (:meth:`dualblade.models.opt.OptModel._decode`) does, without its compute:
 
-- layer ``l`` reads into ``buffers[l % len(buffers)]``, with one read in flight per buffer, and
-  is handed to ``use`` (check the bytes); layer ``l + len(buffers)`` starts only once ``use`` is
-  done with layer ``l``, which frees its buffer;
+- every layer is read into one of ``buffers``, with one read in flight per buffer, in the
+  context's read order (:meth:`KVContext.read_order`: its direct layers as early as a buffer
+  allows), and handed to ``use`` in layer order (check the bytes); a buffer is read into again
+  only once ``use`` is done with the layer it held;
 - ``use`` returns the step's new K and V row of the layer, and the walk appends it behind the
   walk, as the engine does: the next layers' reads and checks go on while it lands, and the step
   ends when every append has (a later read of the layer waits for its append under the layer's
@@ -29,29 +30,24 @@ UseLayer = Callable[[int, torch.Tensor, torch.Tensor], Awaitable[tuple[torch.Ten
 async def walk_layers(ctx: KVContext, buffers: Sequence[ReadBuffers], use: UseLayer) -> None:
     """Read every layer of ``ctx`` ahead of ``use`` in layer order, and append the rows ``use``
     returns behind it (see the module)."""
-    prefetch = max(1, len(buffers))
     layers = ctx.num_layers
+    order = ctx.read_order(max(1, len(buffers)))
     results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     ready = [anyio.Event() for _ in range(layers)]
-    slots = anyio.Semaphore(prefetch)
 
-    async def fetch(layer: int) -> None:
-        results[layer] = await ctx.read(layer, out=buffers[layer % prefetch])
+    async def fetch(layer: int, buffer: int) -> None:
+        results[layer] = await ctx.read(layer, out=buffers[buffer])
         ready[layer].set()
 
     with plain_errors():
         async with anyio.create_task_group() as tg:
-
-            async def reader() -> None:
-                for layer in range(layers):
-                    await slots.acquire()
-                    tg.start_soon(fetch, layer)
-
-            tg.start_soon(reader)
+            for layer, buffer in order.start():
+                tg.start_soon(fetch, layer, buffer)
             for layer in range(layers):
                 await ready[layer].wait()
                 k, v = results.pop(layer)
                 k_row, v_row = await use(layer, k, v)
                 del k, v
-                slots.release()
+                if (following := order.used(layer)) is not None:
+                    tg.start_soon(fetch, *following)  # into the buffer ``layer`` left
                 tg.start_soon(ctx.append, layer, k_row, v_row)

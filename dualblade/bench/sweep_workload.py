@@ -308,7 +308,8 @@ async def _decode_step(
 ) -> int:
     """One decode step in layer order with one read in flight per buffer pair.
 
-    Layer ``l`` reads into ``buffers[l % len(buffers)]`` (:func:`.decode_walk.walk_layers`).
+    Each layer is read into one of ``buffers`` in the context's read order
+    (:func:`.decode_walk.walk_layers`).
     """
     checked = 0
 

@@ -20,6 +20,7 @@ import anyio
 import torch
 
 from dualblade.errors import DualbladeError
+from dualblade.pipeline import ReadAhead
 
 
 class KVCache(Protocol):
@@ -36,6 +37,10 @@ class KVCache(Protocol):
 
     def read_buffers(self) -> Any:
         """Buffers a reader reuses for one layer's read, or None where they gain nothing."""
+        ...
+
+    def read_order(self, buffers: int) -> ReadAhead:
+        """The order a decode step reads the layers in, into ``buffers`` reused buffers."""
         ...
 
 
@@ -116,6 +121,10 @@ class MemoryKVContext:
     def read_buffers(self) -> None:
         """None: reads here are copies in memory already."""
         return None
+
+    def read_order(self, buffers: int) -> ReadAhead:
+        """Layer order: every layer is equally fast here."""
+        return ReadAhead(len(self._k), buffers)
 
     async def read(self, layer: int, *, out: None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of the written rows (a caller may keep them while the cache grows)."""

@@ -177,35 +177,36 @@ class OptModel:
     ) -> torch.Tensor:
         """One decode step for ``tokens`` ``[batch]`` at ``position``; returns the logits.
 
-        The reads of the ``len(buffers) - 1`` layers after the one computing are in flight
+        The reads of up to ``len(buffers) - 1`` layers after the one computing are in flight
         meanwhile (the provider's ``read_parallelism``): one layer ahead kept a 4-thread store's
         page-cache path to the GPU at a fraction of what it moves with every thread busy. Each
-        read lands in one of the request's reused read ``buffers`` (layer ``i`` in buffer
-        ``i mod len(buffers)``): a buffer is read into again only once the layer that used it
-        has been computed. On the host, direct reads land in them straight from storage.
+        read lands in one of the request's reused read ``buffers``, read into again only once
+        the layer that used it has been computed, in the cache's read order: its direct layers
+        as early as a buffer allows, so the disk is not idle while page-cache layers are read
+        (:class:`dualblade.pipeline.ReadAhead`). On the host, direct reads land in the buffers
+        straight from storage.
         """
         x = await self._compute(self._embed, tokens[None, :], position)
         reads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         ready = [anyio.Event() for _ in range(self.arch.num_layers)]
-        ahead = len(buffers) - 1
+        order = cache.read_order(len(buffers))
 
-        async def read(layer: int) -> None:
-            out = buffers[layer % len(buffers)]
+        async def read(layer: int, buffer: int) -> None:
+            out = buffers[buffer]
             reads[layer] = await (cache.read(layer) if out is None else cache.read(layer, out=out))
             ready[layer].set()
 
         with plain_errors():
             async with anyio.create_task_group() as tg:
-                layers = self.arch.num_layers
-                for layer in range(min(ahead, layers)):
-                    tg.start_soon(read, layer)
-                for layer in range(layers):
-                    if layer + ahead < layers:
-                        tg.start_soon(read, layer + ahead)  # prefetch: overlaps the compute
+                for layer, buffer in order.start():
+                    tg.start_soon(read, layer, buffer)
+                for layer in range(self.arch.num_layers):
                     await ready[layer].wait()
                     past = reads.pop(layer)
                     x, k_row, v_row = await self._compute(self._layer, layer, x, past)
                     del past
+                    if (following := order.used(layer)) is not None:
+                        tg.start_soon(read, *following)  # its buffer is free now
                     tg.start_soon(cache.append, layer, k_row, v_row)
         return await self._compute(self._logits, x)
 

@@ -11,6 +11,7 @@ Public names are re-exported flat from here; the modules hold one idea each:
 - :mod:`.placement`: Algorithm 1;
 - :mod:`.kpu`, :mod:`.layout`, :mod:`.lba_map`: KPUs, their padded layout, the LBA map;
 - :mod:`.slicing`: Algorithm 2;
+- :mod:`.read_ahead`: the order a decode step reads its layers in (direct ones early);
 - :mod:`.planner`: a whole plan from a config.
 """
 
@@ -73,6 +74,7 @@ from dualblade.pipeline.planner import make_plan as make_plan
 from dualblade.pipeline.planner import pin_bytes as pin_bytes
 from dualblade.pipeline.planner import pin_images_for as pin_images_for
 from dualblade.pipeline.planner import tensor_layout as tensor_layout
+from dualblade.pipeline.read_ahead import ReadAhead as ReadAhead
 from dualblade.pipeline.shapes import DTYPE_BYTES as DTYPE_BYTES
 from dualblade.pipeline.shapes import PRESETS as PRESETS
 from dualblade.pipeline.shapes import DType as DType

@@ -41,6 +41,7 @@ from dualblade.pipeline import (
     LbaMap,
     Medium,
     Plan,
+    ReadAhead,
     RowRange,
     TensorKind,
     TensorLayout,
@@ -143,18 +144,15 @@ class KVContext:
     def _check_layer(self, layer: int) -> None:
         if self._closed:
             raise ContextClosedError(f"context {self.id} is closed")
-        if (
-            isinstance(layer, bool)
-            or not isinstance(layer, int)
-            or not 0 <= layer < self.num_layers
-        ):
+        valid = isinstance(layer, int) and not isinstance(layer, bool)
+        if not valid or not 0 <= layer < self.num_layers:
             raise KVShapeError(f"layer must be in 0..{self.num_layers - 1}, got {layer!r}")
 
     def _check_intact(self, layer: int) -> None:
         if layer in self._lost:
             raise LayerLostError(
-                f"layer {layer} of context {self.id} was being written when that write failed "
-                "or was cancelled; its rows are lost: write the layer again"
+                f"layer {layer} of context {self.id} was being written when that write failed or "
+                "was cancelled; its rows are lost: write the layer again"
             )
 
     # -- storage -----------------------------------------------------------------------------
@@ -226,8 +224,7 @@ class KVContext:
         caller is cancelled; so a cancelled or failed caller waits (shielded) for every accepted
         transfer to settle before it leaves. Otherwise the context could go on while its old
         transfer still writes: a cancelled append landing over the next one, or — after
-        :meth:`close` freed the run — over another context's new data. The first error is
-        raised (K's before V's).
+        :meth:`close` freed the run — over another context's new data. K's error goes first.
         """
         messages = [await message_for("K"), await message_for("V")]
         return await self._transfer_all(messages, urgent=urgent)
@@ -298,10 +295,13 @@ class KVContext:
         return t + 1
 
     def read_buffers(self) -> ReadBuffers:
-        """Buffers for :meth:`read`'s ``out``, holding this context's longest layer: on the
-        host aligned memory that direct reads land in without a copy, on a GPU device tensors.
-        A caller that keeps ``store.read_parallelism`` reads in flight needs as many."""
+        """Buffers for :meth:`read`'s ``out``, one layer each (on the host, aligned memory that
+        direct reads land in); ``store.read_parallelism`` reads in flight need as many."""
         return ReadBuffers(self.max_len, self.batch, self.width, self.dtype, self._runtime.device)
+
+    def read_order(self, buffers: int) -> ReadAhead:
+        """How a decode step reads the layers into ``buffers`` buffers: direct ones early."""
+        return ReadAhead.for_media(self._media, buffers)
 
     async def read(
         self,

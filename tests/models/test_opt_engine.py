@@ -18,6 +18,7 @@ from dualblade.models.checkpoint import save_checkpoint
 from dualblade.models.kv import MemoryKV, MemoryKVContext, MemoryKVError
 from dualblade.models.opt import OptModel
 from dualblade.models.weights import random_weights
+from dualblade.pipeline import ReadAhead
 
 pytestmark = pytest.mark.anyio
 
@@ -225,3 +226,31 @@ async def test_a_cache_of_another_shape_is_refused(opt_tiny: OptModel) -> None:
     with pytest.raises(MemoryKVError, match=r"holds torch\.float16"):
         await opt_tiny.generate(prompts(4, 64, 1024), 2, kv)
     assert kv.open_contexts == 0
+
+
+class _SlowLayerTwo(_Recording):
+    """A cache whose layer 2 lives on the slow path (a direct layer of a store)."""
+
+    def read_order(self, buffers: int) -> ReadAhead:
+        return ReadAhead(4, buffers, slow_layers=[2])
+
+
+class _SlowLayerTwoKV(_RecordingKV):
+    @contextlib.asynccontextmanager
+    async def context(self) -> AsyncIterator[MemoryKVContext]:  # type: ignore[override]
+        yield _SlowLayerTwo(self.log, 4, 4, 80, 64, torch.float16, torch.device("cpu"))
+
+
+async def test_decode_reads_in_the_caches_read_order(opt_tiny: OptModel) -> None:
+    # Two buffers: layer 0 in one, the slow layer 2 jumps ahead into the other, and layers 1
+    # and 3 follow in order as buffers free. The tokens are those of plain layer order.
+    kv = _SlowLayerTwoKV()
+    result = await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
+    step = kv.log[kv.log.index("step") + 1 :]
+    step = step[: step.index("step")]
+    reads = [e for e in step if e.startswith("read")]
+    # The first two start together (trio runs new tasks in either order); 1 and 3 after them.
+    assert sorted(reads[:2]) == ["read 0", "read 2"]
+    assert reads[2:] == ["read 1", "read 3"]
+    plain = await opt_tiny.generate(prompts(4, 64, 1024), 3, _RecordingKV())
+    assert torch.equal(result.tokens, plain.tokens)

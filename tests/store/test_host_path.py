@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dualblade.bench.decode_walk import walk_layers
 from dualblade.pipeline.slicing import RowRange
 from dualblade.store import KVContext, KVShapeError, open_store
 
@@ -67,3 +68,46 @@ async def test_read_into_caller_buffers(make_config: MakeConfig, policy: str) ->
 async def _refuses(ctx: KVContext, out: object, word: str) -> None:
     with pytest.raises(KVShapeError, match=word):
         await ctx.read(0, out=out)  # type: ignore[arg-type]
+
+
+async def test_dual_reads_direct_layers_first_with_four_transfers_per_host_thread(
+    make_config: MakeConfig,
+) -> None:
+    # Layers 1 and 3 are direct (conftest): a step with two buffers reads 0, then 1 and 3
+    # ahead of 2, and every byte comes back as written while up to four transfers run on each
+    # copy thread (landing reads never touch its buffer).
+    config = make_config("dual", "aligned", prompt_len=40, max_new_tokens=4)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        assert store.runtime.pool.per_thread == 4
+        assert [str(m) for m in ctx.media] == ["page-cache", "direct", "page-cache", "direct"]
+        order = ctx.read_order(2)
+        issued = order.start()
+        for layer in range(4):
+            following = order.used(layer)
+            if following is not None:
+                issued.append(following)
+        assert [layer for layer, _ in issued] == [0, 1, 3, 2]
+        written = {layer: random_kv(config, 40, seed=layer) for layer in range(4)}
+        for layer, (k, v) in written.items():
+            await ctx.write(layer, k, v)
+        buffers = [ctx.read_buffers() for _ in range(2)]
+        for step in range(3):
+            got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+            rows = {layer: random_kv(config, 1, seed=100 * step + layer) for layer in range(4)}
+
+            async def use(
+                layer: int,
+                k: torch.Tensor,
+                v: torch.Tensor,
+                got: dict[int, tuple[torch.Tensor, torch.Tensor]] = got,
+                rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = rows,
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+                got[layer] = (k.clone(), v.clone())
+                return rows[layer]
+
+            await walk_layers(ctx, buffers, use)
+            for layer, (k, v) in written.items():
+                assert torch.equal(got[layer][0], k)
+                assert torch.equal(got[layer][1], v)
+                row_k, row_v = rows[layer]
+                written[layer] = (torch.cat([k, row_k]), torch.cat([v, row_v]))

@@ -1,0 +1,106 @@
+"""Which layer a decode step reads next into a freed read buffer: slow layers first.
+
+Why not plain layer order: a decode step uses its layers in order, and each read lands in one
+of a few reused buffers. Read in layer order, a direct layer (the disk) is only asked for when
+a buffer frees one or two layers before its use, so while the page-cache layers between two
+direct layers are read (memory copies, a few milliseconds each) the disk idles. Under the dual
+policy that idle time is most of what a step costs beyond its floor, the larger of the two
+paths' times: the quick preset measured dual's steady steps at 1.35-1.45x that floor.
+
+So a freed buffer goes to the next *slow* layer ahead (one the caller marks, the direct ones)
+while the next layer in order is already being read: the disk is asked for its next layer as
+soon as the last one is in, and the page-cache layers in between take turns in the other
+buffers. At most ``buffers - 1`` reads are ahead of the order, so one buffer is always left
+for the layer the caller needs next: the walk never waits on a buffer that a later layer holds.
+
+Pure: no I/O, no clock. A context gives its own (``KVContext.read_order``); the OPT engine's
+decode and the bench's decode walk follow it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from dualblade.pipeline.medium import Medium
+
+
+class ReadAhead:
+    """The read order of one decode step over ``num_layers`` layers and ``buffers`` buffers.
+
+    Args:
+        num_layers: layers the step uses, in order ``0..num_layers-1``.
+        buffers: read buffers; each holds one layer from its read until its use is done.
+        slow_layers: layers whose reads should start as early as a buffer allows (the direct
+            ones); the rest are read in layer order.
+
+    Raises:
+        ValueError: no layers or no buffers, or a slow layer out of range.
+    """
+
+    def __init__(self, num_layers: int, buffers: int, slow_layers: Iterable[int] = ()) -> None:
+        if num_layers < 1 or buffers < 1:
+            raise ValueError(f"a read order needs layers and buffers, got {num_layers}, {buffers}")
+        self.num_layers = num_layers
+        self.buffers = buffers
+        self._slow = sorted(set(slow_layers))
+        self._slow_set = frozenset(self._slow)
+        if self._slow and not (self._slow[0] >= 0 and self._slow[-1] < num_layers):
+            raise ValueError(f"slow layers {self._slow} fall outside 0..{num_layers - 1}")
+        self._issued: dict[int, int] = {}  # layer -> buffer, until used
+        self._done: set[int] = set()  # issued, in any state
+        self._next_use = 0
+        self._next_in_order = 0  # smallest layer not yet issued
+
+    @classmethod
+    def for_media(cls, media: Sequence[Medium], buffers: int) -> ReadAhead:
+        """The order for a context whose layer ``i`` lives on ``media[i]``: its direct layers
+        are the slow ones (a disk against a memory copy)."""
+        slow = [layer for layer, medium in enumerate(media) if medium is Medium.DIRECT]
+        return cls(len(media), buffers, slow)
+
+    def start(self) -> list[tuple[int, int]]:
+        """The first reads: ``(layer, buffer)`` for every buffer that gets a layer."""
+        starts = []
+        for buffer in range(min(self.buffers, self.num_layers)):
+            layer = self._choose()
+            assert layer is not None
+            starts.append(self._issue(layer, buffer))
+        return starts
+
+    def used(self, layer: int) -> tuple[int, int] | None:
+        """``layer`` was used (the caller is done with its buffer); returns the next read,
+        ``(layer, buffer)``, into that buffer, or None when every layer is read.
+
+        Raises:
+            ValueError: ``layer`` is not the next one in order, or was never read.
+        """
+        if layer != self._next_use or layer not in self._issued:
+            raise ValueError(f"layer {layer} used out of order (next is {self._next_use})")
+        buffer = self._issued.pop(layer)
+        self._next_use += 1
+        chosen = self._choose()
+        return None if chosen is None else self._issue(chosen, buffer)
+
+    def buffer_of(self, layer: int) -> int:
+        """The buffer ``layer`` is read into (it must be issued and not yet used)."""
+        return self._issued[layer]
+
+    def _choose(self) -> int | None:
+        while self._next_in_order in self._done:
+            self._next_in_order += 1
+        first = self._next_in_order
+        if first >= self.num_layers:
+            return None
+        if first == self._next_use or first in self._slow_set:
+            return first  # needed next (or slow itself): never skipped
+        ahead = sum(1 for layer in self._issued if layer > first)
+        if ahead < self.buffers - 1:
+            for layer in self._slow:
+                if layer > first and layer not in self._done:
+                    return layer
+        return first
+
+    def _issue(self, layer: int, buffer: int) -> tuple[int, int]:
+        self._issued[layer] = buffer
+        self._done.add(layer)
+        return layer, buffer

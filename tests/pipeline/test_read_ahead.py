@@ -1,0 +1,80 @@
+"""The read order of a decode step: every layer once, buffers never over-held, no deadlock,
+and slow layers no later than in layer order."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from dualblade.pipeline import Medium, ReadAhead
+
+
+def _walk(order: ReadAhead) -> list[tuple[int, int]]:
+    """Use every layer in order as its read is issued; returns the issue sequence."""
+    issued = order.start()
+    held = {layer: buffer for layer, buffer in issued}
+    for layer in range(order.num_layers):
+        # The layer needed next is always issued already: the walk never waits on a buffer.
+        assert layer in held, f"layer {layer} needed but not read (held: {held})"
+        assert len(held) <= order.buffers
+        assert len(set(held.values())) == len(held), "two layers in one buffer"
+        freed = held.pop(layer)
+        following = order.used(layer)
+        if following is not None:
+            assert following[1] == freed, "the next read goes into the buffer just freed"
+            held[following[0]] = following[1]
+            issued.append(following)
+    assert not held
+    return issued
+
+
+@given(
+    layers=st.integers(1, 40),
+    buffers=st.integers(1, 6),
+    data=st.data(),
+)
+def test_every_layer_is_read_once_within_the_buffers(layers: int, buffers: int, data) -> None:
+    slow = data.draw(st.sets(st.integers(0, layers - 1)))
+    issued = _walk(ReadAhead(layers, buffers, slow))
+    assert sorted(layer for layer, _ in issued) == list(range(layers))
+    assert all(0 <= buffer < buffers for _, buffer in issued)
+    # Slow layers start no later than they would in layer order.
+    position = {layer: i for i, (layer, _) in enumerate(issued)}
+    assert all(position[layer] <= layer for layer in slow)
+
+
+@given(layers=st.integers(1, 30), buffers=st.integers(1, 5))
+def test_without_slow_layers_it_is_layer_order(layers: int, buffers: int) -> None:
+    issued = _walk(ReadAhead(layers, buffers))
+    assert [layer for layer, _ in issued] == list(range(layers))
+    assert [buffer for _, buffer in issued] == [layer % buffers for layer in range(layers)]
+
+
+def test_a_slow_layer_is_read_as_soon_as_a_buffer_is_spare() -> None:
+    # Two buffers, direct layers 3 and 6: while 0, 1, 2 take turns in one buffer, the disk is
+    # already reading 3; 6 goes as soon as 3 is no longer ahead of the order.
+    order = [layer for layer, _ in _walk(ReadAhead(8, 2, [3, 6]))]
+    assert order == [0, 3, 1, 2, 6, 4, 5, 7]
+
+
+def test_one_buffer_never_reads_ahead() -> None:
+    assert [layer for layer, _ in _walk(ReadAhead(5, 1, [2, 4]))] == [0, 1, 2, 3, 4]
+
+
+def test_a_contexts_media_name_its_slow_layers() -> None:
+    media = [Medium.PAGE_CACHE, Medium.DIRECT, Medium.PAGE_CACHE_DROPPED, Medium.DIRECT]
+    order = ReadAhead.for_media(media, 2)
+    assert (order.num_layers, order.buffers) == (4, 2)
+    assert [layer for layer, _ in _walk(order)] == [0, 1, 3, 2]
+
+
+def test_misuse_is_refused() -> None:
+    with pytest.raises(ValueError, match="needs layers and buffers"):
+        ReadAhead(0, 2)
+    with pytest.raises(ValueError, match="outside"):
+        ReadAhead(4, 2, [4])
+    order = ReadAhead(4, 2)
+    order.start()
+    with pytest.raises(ValueError, match="out of order"):
+        order.used(1)
