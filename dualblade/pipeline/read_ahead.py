@@ -4,8 +4,10 @@ Why not plain layer order: a decode step uses its layers in order, and each read
 of a few reused buffers. Read in layer order, a direct layer (the disk) is only asked for when
 a buffer frees one or two layers before its use, so while the page-cache layers between two
 direct layers are read (memory copies, a few milliseconds each) the disk idles. Under the dual
-policy that idle time is most of what a step costs beyond its floor, the larger of the two
-paths' times: the quick preset measured dual's steady steps at 1.35-1.45x that floor.
+policy that idle time was much of what a step cost beyond its floor, the larger of the two
+paths' times: in the quick preset at 2 GiB dual's steady steps took 0.46-0.52 s against a floor
+of 0.29-0.31 s, and 0.34-0.40 s read in this order with four transfers per copy thread on the
+host (either change alone gained under 0.05 s: docs/bench.md).
 
 So a freed buffer goes to the next *slow* layer ahead (one the caller marks, the direct ones)
 while the next layer in order is already being read: the disk is asked for its next layer as
@@ -80,10 +82,6 @@ class ReadAhead:
         self._next_use += 1
         chosen = self._choose()
         return None if chosen is None else self._issue(chosen, buffer)
-
-    def buffer_of(self, layer: int) -> int:
-        """The buffer ``layer`` is read into (it must be issued and not yet used)."""
-        return self._issued[layer]
 
     def _choose(self) -> int | None:
         while self._next_in_order in self._done:
