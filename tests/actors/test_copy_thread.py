@@ -267,3 +267,17 @@ def test_a_buffer_holds_one_or_two_images():
     with AlignedBuffer(ROWS * STRIDE) as buffer, pytest.raises(ValueError, match="1 or 2"):
         CopyThreadActor(0, buffer, dma, OverlapGate(1), images=3)
     dma.close()
+
+
+@pytest.mark.parametrize(("device", "images", "expected"), [("cpu", 1, 4), ("cuda", 2, 2)])
+def test_transfers_at_once_follow_the_buffers_use(device: str, images: int, expected: int) -> None:
+    # On the host most transfers never touch the buffer (four at once); with CUDA each transfer
+    # in flight needs an image of its own (two). Constructing touches no GPU.
+    with AlignedBuffer(images * ROWS * STRIDE) as buffer:
+        dma = GpuDmaActor(torch.device(device))
+        thread = CopyThreadActor(0, buffer, dma, OverlapGate(1), images=images)
+        try:
+            assert thread.max_transfers == expected
+        finally:
+            thread.close()
+            dma.close()
