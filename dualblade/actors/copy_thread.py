@@ -14,6 +14,7 @@ buffer. Storage transfers are done holding one slot of the shared
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
@@ -38,24 +39,22 @@ from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import AlignedBuffer, StorageSlots
 from dualblade.telemetry import NULL_TRACER, Tracer
 
-#: A transfer is cut into row-aligned pieces of about this many bytes, so that within one pinned
-#: buffer the DMA (or host copy) of a piece overlaps the storage transfer of the next. Each piece
-#: costs a fixed amount of Python (messages, a wake-up): at 1 MiB the page-cache path spent most
-#: of its time there (1.5 GB/s against 7 GB/s for a plain cached read).
+#: Row-aligned pieces of a transfer, so that a piece's DMA (or host copy) overlaps the next one's
+#: storage transfer; each costs fixed Python: at 1 MiB the page-cache path spent most of its time
+#: there (1.5 GB/s against 7 GB/s for a plain cached read).
 PIECE_BYTES = 4 << 20
-#: Pieces for CUDA copies. Each piece costs a fixed ~0.1-0.3 ms of Python against 20 us of
-#: transfer per MiB at 50 GB/s: on the H200 machine a resident OPT-6.7B cache reached the GPU at
-#: 7.4-8.8 GB/s with 8 MiB pieces and 18-20 with 64 MiB, and the DMA of a KPU's last piece then
-#: trails its read by 1.4 ms (a disk read of it takes 34 ms).
+#: Pieces for CUDA copies (~0.1-0.3 ms of Python each against 20 us per MiB at 50 GB/s): on the
+#: H200 a resident OPT-6.7B cache reached the GPU at 7.4-8.8 GB/s in 8 MiB pieces, 18-20 in 64 MiB,
+#: the last piece's DMA trailing its read by 1.4 ms (a disk read of it takes 34 ms).
 CUDA_PIECE_BYTES = 64 << 20
 #: Buffer views kept per copy thread (a few per layer shape; the cache empties when full).
 VIEW_CACHE_SIZE = 256
-#: Transfers a copy thread runs at once on the host, where most never touch its buffer (loads
-#: land in the caller's memory, page-cache transfers move the caller's tensor; the rest are
-#: ordered by its range locks). With two, a dual step on two threads stalled: a direct layer's K
-#: and V and an append held all four leases while the next page-cache layer waited for the disk.
-#: With CUDA, two: each transfer in flight has an image of the pinned buffer of its own.
+#: Transfers a copy thread runs at once: on the host most never touch its buffer (loads land in
+#: the caller's memory), so four; with CUDA two, each in an image of the buffer (docs/bench.md).
 HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
+#: Stores this small (an appended row) take no storage slot: holding one, an append waited in the
+#: engine behind a direct read while the next read waited for its slot (docs/bench.md).
+SLOTLESS_STORE_BYTES = 1 << 20
 
 
 class CopyThreadActor(Actor[CopyMessage]):
@@ -367,10 +366,11 @@ class CopyThreadActor(Actor[CopyMessage]):
 
     async def _store(self, message: Store) -> float:
         """Device -> pinned -> storage, piece by piece: a piece's write overlaps later DMAs."""
-        pieces = self._pieces(message.span, message.view)
+        small = message.span.nbytes <= SLOTLESS_STORE_BYTES
+        slot = contextlib.nullcontext() if small else self.gate.limiter_for(message.span.path)
         with plain_errors():
-            async with self.gate.limiter_for(message.span.path), anyio.create_task_group() as tg:
-                for sub_span, sub_view, rows in pieces:
+            async with slot, anyio.create_task_group() as tg:
+                for sub_span, sub_view, rows in self._pieces(message.span, message.view):
                     region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
                     await self._ranges.acquire(*region)
                     try:

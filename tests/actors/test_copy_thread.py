@@ -281,3 +281,24 @@ def test_transfers_at_once_follow_the_buffers_use(device: str, images: int, expe
         finally:
             thread.close()
             dma.close()
+
+
+async def test_an_appended_row_takes_no_storage_slot(rig, monkeypatch):
+    # Every slot of the direct path is taken (a long read, say): a one-row store (an append)
+    # still lands, a larger store waits for a slot. Holding one, an append's write sat in the
+    # engine behind the read before it while the next read waited for the slot.
+    monkeypatch.setattr(copy_thread, "SLOTLESS_STORE_BYTES", STRIDE)
+    slots = rig.thread.gate.limiter_for("direct")
+    await slots.acquire()
+    try:
+        row = data(1, 7)
+        with anyio.fail_after(5):
+            await rig.move("store", 3, row)
+        with anyio.move_on_after(0.2) as waited:
+            await rig.move("store", 4, data(2, 8))
+        assert waited.cancelled_caught
+    finally:
+        slots.release()
+    back = torch.empty_like(row)
+    await rig.move("load", 3, back)
+    assert torch.equal(back, row)
