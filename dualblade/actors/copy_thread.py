@@ -8,7 +8,7 @@ host memory once. The buffer mirrors the KPU's padded image on storage, so a sli
 
 How bytes reach storage is not the copy thread's business: the runtime hands it a
 :class:`StorageSpan` (direct extent, page-cache file, memory map ...) that fills or drains the
-buffer. Storage transfers are done holding one slot of the shared
+buffer. Storage transfers (all but an appended row's) hold one slot of the shared
 :class:`~dualblade.actors.strategy_probe.OverlapGate`, which is how the overlap strategy acts.
 """
 
