@@ -52,8 +52,8 @@ VIEW_CACHE_SIZE = 256
 #: Transfers a copy thread runs at once: on the host most never touch its buffer (loads land in
 #: the caller's memory), so four; with CUDA two, each in an image of the buffer (docs/bench.md).
 HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
-#: Stores this small (an appended row) take no storage slot: holding one, an append waited in the
-#: engine behind a direct read while the next read waited for its slot (docs/bench.md).
+#: Stores this small (an appended row; a layer of a few rows too) take no storage slot: holding
+#: one, an append waited in the engine behind a direct read that the next read waited for.
 SLOTLESS_STORE_BYTES = 1 << 20
 
 

@@ -28,8 +28,8 @@ UseLayer = Callable[[int, torch.Tensor, torch.Tensor], Awaitable[tuple[torch.Ten
 
 
 async def walk_layers(ctx: KVContext, buffers: Sequence[ReadBuffers], use: UseLayer) -> None:
-    """Read every layer of ``ctx`` ahead of ``use`` in layer order, and append the rows ``use``
-    returns behind it (see the module)."""
+    """Hand every layer of ``ctx`` to ``use`` in layer order, each read ahead of it in the
+    context's read order, and append the rows ``use`` returns behind it (see the module)."""
     layers = ctx.num_layers
     order = ctx.read_order(max(1, len(buffers)))
     results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
