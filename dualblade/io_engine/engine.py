@@ -20,57 +20,25 @@ Notes:
 
 from __future__ import annotations
 
+import contextlib
 import os
-import threading
 from collections.abc import Callable, Sequence
-from typing import Literal, Protocol
+from typing import Literal
 
 import anyio
 
+from dualblade.io_engine._backend import open_backend
 from dualblade.io_engine._lanes import check_lane
 from dualblade.io_engine._request import CancelledError, IORequest, Kind
 from dualblade.io_engine._threadpool import ThreadPoolBackend
 from dualblade.io_engine._waker import async_waker, blocking_waker
 from dualblade.io_engine.buffers import AlignedBuffer
-from dualblade.io_engine.errors import IOEngineError, IoUringUnavailableError
+from dualblade.io_engine.errors import IOEngineError
 from dualblade.io_engine.ring import ChunkObserver, Ring
 from dualblade.io_engine.storage_slots import Claim, StorageSlots
 from dualblade.io_engine.targets.base import Target
-from dualblade.logs import get_logger
 
 CompatMode = Literal["on", "off", "auto"]
-
-_log = get_logger(__name__)
-_warned_fallback = False
-_warn_lock = threading.Lock()
-
-
-class Backend(Protocol):
-    """What the engine needs from the ring or the thread pool."""
-
-    queue_depth: int
-    chunks_submitted: int
-
-    @property
-    def peak_inflight(self) -> int: ...
-
-    @property
-    def inflight(self) -> int: ...
-
-    def submit(self, request: IORequest) -> None: ...
-    def cancel(self, request: IORequest) -> None: ...
-    def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None: ...
-    def buffer_index(self, buffer: AlignedBuffer) -> int | None: ...
-    def close(self) -> None: ...
-
-
-def _warn_fallback_once(reason: str) -> None:
-    global _warned_fallback
-    with _warn_lock:
-        if _warned_fallback:
-            return
-        _warned_fallback = True
-    _log.warning("io_uring unavailable; using the thread-pool compatibility engine", reason=reason)
 
 
 class IOEngine:
@@ -104,22 +72,9 @@ class IOEngine:
         if max_chunk is not None and max_chunk <= 0:
             raise IOEngineError(f"max_chunk must be positive, got {max_chunk}")
         self.max_chunk = max_chunk
-        self.fallback_reason: str | None = None
-        self._backend: Backend
-        if mode == "on":
-            if passthrough:
-                raise IOEngineError("NVMe passthrough needs io_uring; compat mode 'on' forbids it")
-            self._backend = ThreadPoolBackend(queue_depth, name=name)
-            self.fallback_reason = "compat mode 'on'"
-        else:
-            try:
-                self._backend = Ring(queue_depth, passthrough=passthrough, name=name)
-            except IoUringUnavailableError as error:
-                if mode == "off" or passthrough:
-                    raise
-                self.fallback_reason = str(error)
-                _warn_fallback_once(str(error))
-                self._backend = ThreadPoolBackend(queue_depth, name=name)
+        self._backend, self.fallback_reason = open_backend(
+            mode, queue_depth, passthrough=passthrough, name=name
+        )
         self.queue_depth = queue_depth
         self.passthrough = passthrough
         self._closed = False
@@ -292,6 +247,55 @@ class IOEngine:
                 await event.wait()
             raise
         return request.result()
+
+    def read_then(
+        self,
+        target: Target,
+        buf: AlignedBuffer,
+        size: int,
+        file_offset: int,
+        then: Callable[[BaseException | None], None],
+        *,
+        buf_offset: int = 0,
+        slots: StorageSlots | None = None,
+    ) -> Callable[[], None]:
+        """Start a read as :meth:`pread` does; ``then(None)`` (every byte arrived) or
+        ``then(error)`` runs on the engine's thread when it ends, and must not raise. No loop
+        wakes between, so a GPU copy chained to the read starts at once (``GpuDmaActor.chain``).
+        Returns a function that cancels the read (``then`` is still called). Bad arguments or a
+        closed engine raise here (TargetError, IOEngineError), and ``then`` is not called."""
+        box: list[IORequest] = []
+        # emptied when the read ends: the request and its slot's claim refer to each other,
+        # and ``then`` may hold the caller's tensors, which must not wait for the collector
+        held = [then]
+
+        def make(notify: Callable[[], None]) -> IORequest:
+            box.append(self._request(Kind.READ, target, buf, size, file_offset, buf_offset, notify))
+            return box[0]
+
+        def ended() -> None:
+            request, told = box.pop(), held.pop()
+            try:
+                request.result()
+            except BaseException as error:  # told() gets it
+                told(error)
+                return
+            told(None)
+
+        if slots is None:
+            request = make(ended)
+            with contextlib.suppress(Exception):  # a refused submit has told then()
+                self._submit(request)
+            return lambda: self._backend.cancel(request)
+        claim = self._queue_for_slot(slots, make, ended)
+
+        def cancel() -> None:
+            if claim.withdraw():  # never started: nothing in flight
+                claim.request.abandon(IOEngineError("cancelled while waiting for a storage slot"))
+            else:
+                self._backend.cancel(claim.request)
+
+        return cancel
 
     def _queue_for_slot(
         self,

@@ -14,9 +14,7 @@ from dualblade.io_engine import (
     IOEngineError,
     IoUringUnavailableError,
 )
-from dualblade.io_engine import (
-    engine as engine_module,
-)
+from dualblade.io_engine import _backend as backend_module
 from dualblade.io_engine.targets.nvme_namespace import NvmeNamespace
 
 
@@ -26,8 +24,8 @@ def _unavailable(*args: object, **kwargs: object) -> None:
 
 @pytest.fixture
 def no_io_uring(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(engine_module, "Ring", _unavailable)
-    monkeypatch.setattr(engine_module, "_warned_fallback", False)
+    monkeypatch.setattr(backend_module, "Ring", _unavailable)
+    monkeypatch.setattr(backend_module, "_warned_fallback", False)
 
 
 @pytest.mark.usefixtures("no_io_uring")
