@@ -128,10 +128,16 @@ class CudaDriver:
             raise CudaDriverError(f"cuEventQuery failed: CUDA driver error {code}")
         return True
 
+    def bind(self) -> None:
+        """Make this context current on the calling thread (the engine's or the completions'
+        thread, which torch never touched), so the calls above work there too."""
+        if not self.is_current():
+            self._call(self._held.cuCtxSetCurrent, "cuCtxSetCurrent", self.context)
+
     def synchronize(self, event: int) -> None:
         """Sleep (GIL released) until ``event``'s work has finished; from any thread."""
         if not getattr(self._bound, "context", False):
-            self._call(self._held.cuCtxSetCurrent, "cuCtxSetCurrent", self.context)
+            self.bind()
             self._bound.context = True
         self._call(self._released.cuEventSynchronize, "cuEventSynchronize", event)
 

@@ -14,38 +14,7 @@ import pytest
 
 from dualblade.actors.cuda_driver import CudaDriver, CudaDriverError, DriverEvent, load_driver
 
-CONTEXT = 0x5000
-
-
-class FakeFunction:
-    def __init__(self, library: FakeLibrary, name: str) -> None:
-        self.library, self.name = library, name
-        self.argtypes: list[Any] = []
-        self.restype: Any = None
-
-    def __call__(self, *args: Any) -> int:
-        self.library.calls.append((self.name, threading.current_thread().name, args))
-        if self.name == "cuEventCreate":
-            args[0]._obj.value = 0x100 + len(self.library.calls)  # byref(c_void_p)
-        if self.name == "cuCtxGetCurrent":
-            args[0]._obj.value = self.library.current
-        return self.library.codes.get(self.name, 0)
-
-
-class FakeLibrary:
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, tuple[Any, ...]]] = []
-        self.codes: dict[str, int] = {}
-        self.current: int | None = CONTEXT
-        self._functions: dict[str, FakeFunction] = {}
-
-    def __getattr__(self, name: str) -> FakeFunction:
-        if name.startswith("cu"):
-            return self._functions.setdefault(name, FakeFunction(self, name))
-        raise AttributeError(name)
-
-    def names(self) -> list[str]:
-        return [name for name, _, _ in self.calls]
+from .fake_cuda import CONTEXT, FakeLibrary
 
 
 def make_driver() -> tuple[CudaDriver, FakeLibrary, FakeLibrary]:
@@ -106,6 +75,26 @@ def test_each_waiting_thread_makes_the_context_current_once():
     assert sets[0][1] == "waiter"
     assert sets[0][2] == (CONTEXT,)
     assert released.names() == ["cuEventSynchronize", "cuEventSynchronize"]
+
+
+def test_bind_makes_the_context_current_on_a_thread_that_has_none():
+    driver, held, _ = make_driver()
+    driver.bind()  # current here already: nothing to set
+    assert "cuCtxSetCurrent" not in held.names()
+    seen: list[bool] = []
+
+    def on_another_thread() -> None:
+        seen.append(driver.is_current())
+        driver.bind()
+        driver.bind()
+        seen.append(driver.is_current())
+
+    thread = threading.Thread(target=on_another_thread, name="engine")
+    thread.start()
+    thread.join()
+    assert seen == [False, True]
+    sets = [call for call in held.calls if call[0] == "cuCtxSetCurrent"]
+    assert [(thread_name, args) for _, thread_name, args in sets] == [("engine", (CONTEXT,))]
 
 
 def test_the_driver_is_used_only_while_its_context_is_current():
