@@ -7,6 +7,7 @@ page-cache file, memory map — see :mod:`.spans`) with the rows of the caller's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -36,6 +37,19 @@ class StorageSpan(Protocol):
 
     def at(self, buffer_offset: int) -> StorageSpan:
         """The same bytes of storage, moved to ``buffer_offset`` of another buffer."""
+
+
+class ChainableSpan(StorageSpan, Protocol):
+    """A span whose read can end on the engine's thread (direct and page-cache spans)."""
+
+    def read_then(
+        self,
+        buffer: AlignedBuffer,
+        slots: StorageSlots | None,
+        then: Callable[[BaseException | None], None],
+    ) -> Callable[[], None]:
+        """Start the read; ``then(error or None)`` on the engine's thread when it ends; returns
+        a function that cancels it (see ``IOEngine.read_then``)."""
 
 
 @dataclass(frozen=True)
@@ -121,3 +135,26 @@ def in_image(message: CopyMessage, base: int) -> CopyMessage:
     span = message.span.at(message.span.buffer_offset + base)
     view = replace(message.view, offset=message.view.offset + base)
     return replace(message, span=span, view=view)
+
+
+def split_pieces(
+    span: StorageSpan, view: RowView, piece_bytes: int
+) -> list[tuple[StorageSpan, RowView, slice]]:
+    """Row-aligned pieces of ``span`` and ``view`` of about ``piece_bytes``, in order, each with
+    the rows of the caller's tensor it holds."""
+    rows_per_piece = max(1, piece_bytes // view.row_stride)
+    out: list[tuple[StorageSpan, RowView, slice]] = []
+    for first in range(0, view.rows, rows_per_piece):
+        last = min(view.rows, first + rows_per_piece)
+        offset = view.offset + first * view.row_stride
+        nbytes = (last - first) * view.row_stride
+        sub_view = RowView(
+            offset,
+            last - first,
+            view.row_bytes,
+            view.row_stride,
+            view.dtype,
+            (last - first, *view.shape[1:]),
+        )
+        out.append((span.piece(offset, nbytes), sub_view, slice(first, last)))
+    return out

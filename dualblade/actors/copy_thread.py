@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 import anyio
 import torch
@@ -25,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.copy_messages import (
+    ChainableSpan,
     CopyMessage,
     Load,
     RowView,
@@ -32,8 +34,10 @@ from dualblade.actors.copy_messages import (
     Store,
     TransferStats,
     in_image,
+    split_pieces,
 )
 from dualblade.actors.gpu_dma import Copy, GpuDmaActor
+from dualblade.actors.host_paths import host_tensor_for, landing_for
 from dualblade.actors.strategy_probe import OverlapGate
 from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import AlignedBuffer, StorageSlots
@@ -138,25 +142,6 @@ class CopyThreadActor(Actor[CopyMessage]):
         assert span.nbytes == view.rows * view.row_stride, "span and view must cover the same rows"
         assert view.offset + span.nbytes <= self.image_bytes, f"{span.label} overruns the buffer"
 
-    def _pieces(self, span: StorageSpan, view: RowView) -> list[tuple[StorageSpan, RowView, slice]]:
-        """Row-aligned pieces of about :attr:`piece_bytes`, in order."""
-        rows_per_piece = max(1, self.piece_bytes // view.row_stride)
-        out: list[tuple[StorageSpan, RowView, slice]] = []
-        for first in range(0, view.rows, rows_per_piece):
-            last = min(view.rows, first + rows_per_piece)
-            offset = view.offset + first * view.row_stride
-            nbytes = (last - first) * view.row_stride
-            sub_view = RowView(
-                offset,
-                last - first,
-                view.row_bytes,
-                view.row_stride,
-                view.dtype,
-                (last - first, *view.shape[1:]),
-            )
-            out.append((span.piece(offset, nbytes), sub_view, slice(first, last)))
-        return out
-
     async def handle(self, message: CopyMessage) -> None:
         """Start the transfer and return: the next message may begin while this one ends."""
         self._check(message.span, message.view)
@@ -190,12 +175,12 @@ class CopyThreadActor(Actor[CopyMessage]):
             bytes=span.nbytes,
             path=span.path,
         ):
-            landing = self._landing(message)
+            landing = landing_for(message, cuda=self.dma.cuda)
             if landing is not None:
                 assert isinstance(message, Load)
                 host: torch.Tensor | None = message.destination
                 storage_done = await self._land(*landing)
-            elif (host := self._host_tensor(message)) is not None:
+            elif (host := host_tensor_for(message, cuda=self.dma.cuda)) is not None:
                 storage_done = await self._host_transfer(message, host)
             else:  # through the pinned buffer, in this transfer's image of it
                 message = in_image(message, image_base)
@@ -227,26 +212,6 @@ class CopyThreadActor(Actor[CopyMessage]):
             self.co_dma_transfers += stats.io_buffer_address == stats.dma_host_address
         message.reply.set(stats)
 
-    def _landing(self, message: CopyMessage) -> tuple[StorageSpan, AlignedBuffer] | None:
-        """The span moved into the caller's aligned memory, if a load can land there directly.
-
-        Only without CUDA (with a GPU the pinned buffer is the DMA's source: Co-DMA), only for
-        unpadded rows (the caller's tensor has no gaps between rows), and only where the
-        destination sits in the landing memory exactly where the span puts its rows.
-        """
-        if self.dma.cuda or not isinstance(message, Load) or message.landing is None:
-            return None
-        landing, view, span = message.landing, message.view, message.span
-        start = landing.offset + span.buffer_offset
-        if (
-            view.row_stride != view.row_bytes
-            or not message.destination.is_contiguous()
-            or message.destination.data_ptr() != landing.buffer.address + start
-            or start + span.nbytes > landing.buffer.size
-        ):
-            return None
-        return span.at(start), landing.buffer
-
     async def _land(self, span: StorageSpan, memory: AlignedBuffer) -> float:
         """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate.
 
@@ -257,26 +222,6 @@ class CopyThreadActor(Actor[CopyMessage]):
             with self.tracer.span(self.name, f"land {span.label}", bytes=span.nbytes):
                 await span.read_into(memory)
         return time.perf_counter()
-
-    def _host_tensor(self, message: CopyMessage) -> torch.Tensor | None:
-        """The host tensor a transfer can move straight to or from storage, or None.
-
-        Without CUDA the "device" is host memory: a page-cache or mmap span whose rows are not
-        padded reads into (or writes from) the caller's tensor itself, one copy instead of two
-        through the pinned buffer. The direct path always stages: O_DIRECT needs its alignment.
-        """
-        if self.dma.cuda or not getattr(message.span, "host_direct", False):
-            return None
-        view = message.view
-        tensor = message.destination if isinstance(message, Load) else message.source
-        if (
-            tensor.device.type != "cpu"
-            or not tensor.is_contiguous()
-            or view.row_stride != view.row_bytes
-            or tensor.numel() * tensor.element_size() != message.span.nbytes
-        ):
-            return None
-        return tensor
 
     async def _host_transfer(self, message: CopyMessage, host: torch.Tensor) -> float:
         """Storage <-> the caller's host tensor, holding a storage slot of the overlap gate."""
@@ -292,7 +237,7 @@ class CopyThreadActor(Actor[CopyMessage]):
     async def _load(self, message: Load) -> float:
         """Storage -> pinned -> device, piece by piece: a piece's DMA overlaps later reads.
         Returns when the last read finished."""
-        pieces = self._pieces(message.span, message.view)
+        pieces = split_pieces(message.span, message.view, self.piece_bytes)
         limiter = self.gate.limiter_for(message.span.path)
         if len(pieces) == 1 and self.images > 1:
             # CUDA's common case: one piece, in an image of this transfer's own (its room is
@@ -302,6 +247,11 @@ class CopyThreadActor(Actor[CopyMessage]):
             region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
             await self._ranges.acquire(*region)
             try:
+                read_end = await self._chained_load(
+                    sub_span, self._view_tensor(sub_view), message.destination[rows], limiter
+                )
+                if read_end is not None:
+                    return read_end
                 with self.tracer.span(self.name, f"read {sub_span.label}", bytes=sub_span.nbytes):
                     await sub_span.read_into(self.buffer, limiter)
                 storage_done = time.perf_counter()
@@ -312,6 +262,39 @@ class CopyThreadActor(Actor[CopyMessage]):
                 self._ranges.release(*region)
             return storage_done
         return await self._load_pieces(message, pieces, limiter)
+
+    async def _chained_load(
+        self,
+        span: StorageSpan,
+        source: torch.Tensor,
+        destination: torch.Tensor,
+        slots: StorageSlots,
+    ) -> float | None:
+        """Read ``span`` into ``source`` and copy it to ``destination``, the copy queued by the
+        engine's thread as the read ends (``GpuDmaActor.chain``): the loop wakes once, not
+        twice. Returns when the read ended, or None (nothing done) where it cannot chain."""
+        if not hasattr(span, "read_then"):
+            return None
+        reply: Reply[int] = Reply()
+        launch = self.dma.chain(Copy(source, destination, "h2d", span.label, reply))
+        if launch is None:
+            return None
+        then = _TimedLaunch(launch)
+        cancel = cast(ChainableSpan, span).read_then(self.buffer, slots, then)
+        try:
+            await reply.wait()
+        except BaseException:
+            if not reply.done:  # cancelled: the buffer is ours again only once both ended
+                with anyio.CancelScope(shield=True):
+                    cancel()
+                    await reply.settled()
+            raise
+        finally:
+            # A failed read's traceback keeps this frame: drop what aliases the pinned buffer
+            # (the copy's source), or the buffer cannot be closed while the error lives.
+            del source, launch
+            then.launch = None
+        return then.read_end
 
     async def _load_pieces(
         self,
@@ -370,7 +353,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         slot = contextlib.nullcontext() if small else self.gate.limiter_for(message.span.path)
         with plain_errors():
             async with slot, anyio.create_task_group() as tg:
-                for sub_span, sub_view, rows in self._pieces(message.span, message.view):
+                for sub_span, sub_view, rows in split_pieces(
+                    message.span, message.view, self.piece_bytes
+                ):
                     region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
                     await self._ranges.acquire(*region)
                     try:
@@ -398,3 +383,18 @@ class CopyThreadActor(Actor[CopyMessage]):
     ) -> None:
         reply: Reply[int] = Reply()
         await self.dma.ask(Copy(source, destination, direction, label, reply), reply)
+
+
+class _TimedLaunch:
+    """A chained copy's launch, noting when the read before it ended (for the stats)."""
+
+    __slots__ = ("launch", "read_end")
+
+    def __init__(self, launch: Callable[[BaseException | None], None]) -> None:
+        self.launch: Callable[[BaseException | None], None] | None = launch
+        self.read_end = 0.0
+
+    def __call__(self, error: BaseException | None) -> None:  # on the engine's thread
+        self.read_end = time.perf_counter()
+        assert self.launch is not None, "a read ends once"
+        self.launch(error)

@@ -14,15 +14,18 @@ Copies are serialized on one stream, which is what both overlap strategies assum
 
 from __future__ import annotations
 
+import threading
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
 import torch
 
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
-from dualblade.actors.cuda_driver import CudaDriver, DriverEvent, load_driver
-from dualblade.actors.dma_completions import CompletionEvent, DmaCompletions
-from dualblade.io_engine import loop_caller
+from dualblade.actors.cuda_driver import CudaDriver, CudaDriverError, DriverEvent, load_driver
+from dualblade.actors.dma_completions import DmaCompletions, OnDone
+from dualblade.io_engine import LoopCaller, loop_caller
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 #: Host copies of at least this many bytes run on a worker thread (see ``handle``).
@@ -56,8 +59,14 @@ class GpuDmaActor(Actor[Copy]):
         # Copies go through the driver with the GIL held where it loads (cuda_driver.py).
         self._driver: CudaDriver | None = None
         self._ready_event = 0  # recorded on the caller's stream, waited for by the DMA stream
-        self._free_events: list[int] = []  # done events whose copies were answered
+        # Events whose copies were answered; taken on the loop and on the engine's thread.
+        self._free_events: deque[int] = deque()
+        self._call_on_loop: LoopCaller | None = None
+        # Chained copies are queued from the engine's thread: none may start once stopping.
+        self._launch_lock = threading.Lock()
+        self._stopping = False
         self.driver_copies = 0
+        self.chained_copies = 0  # copies the engine's thread queued as their read ended
         self._failure: BaseException | None = None  # a copy that failed breaks the stream
         self.bytes_h2d = 0
         self.bytes_d2h = 0
@@ -81,14 +90,17 @@ class GpuDmaActor(Actor[Copy]):
                 self._driver = load_driver()
                 if self._driver is not None:
                     self._ready_event = self._driver.new_event()
-            self._completions = DmaCompletions(loop_caller(), name=f"{self.name}-completions")
+            self._call_on_loop = loop_caller()
+            self._completions = DmaCompletions(self._call_on_loop, name=f"{self.name}-completions")
             self._completions.start()
 
     async def on_stop(self) -> None:
         if self._completions is not None:
             # Queued copies still read or write the copy threads' buffers: wait for them all
             # before the owner may free those buffers.
-            self._completions.close()
+            with self._launch_lock:
+                self._stopping = True
+                self._completions.close()
             await anyio.to_thread.run_sync(self._completions.join)
         if self._driver is not None:
             for event in [*self._free_events, self._ready_event]:
@@ -121,32 +133,139 @@ class GpuDmaActor(Actor[Copy]):
 
     def _queue_cuda_copy(self, message: Copy, nbytes: int) -> None:
         """Queue the copy on the DMA stream; it is answered when its event completes."""
-        assert self._stream is not None
         assert self._completions is not None
         if self._failure is not None:  # the stream broke: no copy after it can be trusted
             raise ActorStoppedError(f"{self.name}: an earlier copy failed: {self._failure!r}")
         for side in (message.source, message.destination):
             if side.device.type == "cpu" and not side.is_contiguous():
                 self.staged_copies += 1
-        start_us = self.tracer.now_us() if self.tracer.enabled else 0.0
         # The device side was made (a d2h source: the model's K and V) or last used (an h2d
         # destination: memory the caching allocator handed back) by work queued on the caller's
         # stream; the DMA stream must not start before that work ends, or it copies rows that are
         # not computed yet, or writes memory a kernel still reads.
-        caller_stream = torch.cuda.current_stream(self.device)
-        driver_done = self._driver_copy(message, nbytes, caller_stream)
-        done: CompletionEvent = (
-            driver_done if driver_done is not None else self._torch_copy(message, caller_stream)
+        caller_stream = self._caller_stream()
+        if self._driver is not None and self._drivable(message):
+            self._driver.record(self._ready_event, caller_stream.cuda_stream)
+            self._queue_driver_copy(message, nbytes, self._ready_event, chained=False)
+        else:
+            done = self._torch_copy(message, caller_stream)
+            self._completions.watch(done, self._answer(message, nbytes, None, self._start_us()))
+
+    def chain(self, message: Copy) -> Callable[[BaseException | None], None] | None:
+        """``message``'s copy as a function for the I/O engine's thread to call when the read
+        that fills its source ends (``IOEngine.read_then``): the copy is queued at once, and
+        the event loop hears of the load once, when the copy is done. Sent through the
+        mailbox, a loaded KPU woke the loop for its read, then for its copy: on the H200
+        machine the loop's Python per KPU set the pipeline's pace (docs/pipeline-profile.md).
+
+        Called on the loop, which records the caller's stream now: the copy waits for the work
+        queued there before the load was asked. None where a copy cannot go through the driver
+        (no driver, a side not contiguous, another context current): :meth:`ask` then. A read
+        that failed, or a copy that could not be queued, fails ``message.reply`` on the loop.
+        """
+        driver, call_on_loop = self._driver, self._call_on_loop
+        if driver is None or call_on_loop is None or not self._drivable(message):
+            return None
+        if self._failure is not None:
+            raise ActorStoppedError(f"{self.name}: an earlier copy failed: {self._failure!r}")
+        nbytes = message.source.numel() * message.source.element_size()
+        ready = self._event()
+        driver.record(ready, self._caller_stream().cuda_stream)
+
+        def launch(error: BaseException | None) -> None:  # on the engine's thread
+            if error is None:
+                try:
+                    with self._launch_lock:
+                        if self._stopping:
+                            raise ActorStoppedError(f"{self.name} is stopping")
+                        driver.bind()
+                        self._queue_driver_copy(message, nbytes, ready, chained=True)
+                    return
+                except BaseException as failure:  # told to the requester, on the loop
+                    # without its traceback, whose frame (this one) holds the copy's tensors
+                    error = failure.with_traceback(None)
+            self._free_events.append(ready)
+            call_on_loop(self._fail_chained, message, error)
+
+        return launch
+
+    def _caller_stream(self) -> torch.cuda.Stream:
+        """The stream the caller queues its work on (the model's), on this thread."""
+        return torch.cuda.current_stream(self.device)
+
+    def _fail_chained(self, message: Copy, error: BaseException) -> None:
+        if isinstance(error, CudaDriverError):
+            self._failure = error  # a driver call failed: the stream cannot be trusted
+            error = ActorStoppedError(f"{self.name}: the copy failed: {error!r}")
+        message.reply.fail(error)
+
+    def _drivable(self, message: Copy) -> bool:
+        """Whether the copy can go through the driver from the calling thread."""
+        driver = self._driver
+        return (
+            driver is not None
+            and message.source.is_contiguous()
+            and message.destination.is_contiguous()
+            and driver.is_current()
         )
 
+    def _start_us(self) -> float:
+        return self.tracer.now_us() if self.tracer.enabled else 0.0
+
+    def _event(self) -> int:
+        """An event to record: one whose copy was answered, or a new one."""
+        assert self._driver is not None
+        try:
+            return self._free_events.pop()
+        except IndexError:
+            return self._driver.new_event()
+
+    def _queue_driver_copy(self, message: Copy, nbytes: int, ready: int, *, chained: bool) -> None:
+        """Queue the copy through the driver after ``ready`` (recorded on the caller's
+        stream), and have the completions thread answer it. ``chained``: ``ready`` belongs to
+        this copy and goes back to the pool with its done event."""
+        driver, stream, completions = self._driver, self._stream, self._completions
+        assert driver is not None
+        assert stream is not None
+        assert completions is not None
+        start_us = self._start_us()
+        source, destination = message.source, message.destination
+        driver.wait(stream.cuda_stream, ready)
+        if message.direction == "h2d":
+            driver.copy_to_device(
+                destination.data_ptr(), source.data_ptr(), nbytes, stream.cuda_stream
+            )
+        else:
+            driver.copy_to_host(
+                destination.data_ptr(), source.data_ptr(), nbytes, stream.cuda_stream
+            )
+        done = self._event()
+        driver.record(done, stream.cuda_stream)
+        events = (done, ready) if chained else (done,)
+        completions.watch(
+            DriverEvent(driver, done), self._answer(message, nbytes, events, start_us, chained)
+        )
+
+    def _answer(
+        self,
+        message: Copy,
+        nbytes: int,
+        events: tuple[int, ...] | None,
+        start_us: float,
+        chained: bool = False,
+    ) -> OnDone:
+        """What the completions thread calls on the loop when the copy has ended."""
+
         def answer(error: BaseException | None) -> None:
-            # Runs on the loop. The caller's tensors lived until now: ``message`` holds them.
+            # The caller's tensors lived until now: ``message`` holds them.
             if error is not None:
                 self._failure = error
                 message.reply.fail(ActorStoppedError(f"{self.name}: the copy failed: {error!r}"))
                 return
-            if driver_done is not None:  # answered, so its event may be recorded again
-                self._free_events.append(driver_done.handle)
+            if events is not None:  # answered, so its events may be recorded again
+                self._free_events.extend(events)
+                self.driver_copies += 1
+                self.chained_copies += chained
             if self.tracer.enabled:
                 self.tracer.complete(
                     self.name,
@@ -158,34 +277,7 @@ class GpuDmaActor(Actor[Copy]):
             self._count(message.direction, nbytes)
             message.reply.set(nbytes)
 
-        self._completions.watch(done, answer)
-
-    def _driver_copy(
-        self, message: Copy, nbytes: int, caller_stream: torch.cuda.Stream
-    ) -> DriverEvent | None:
-        """Queue the copy through the driver; its done event, or None where it cannot (no
-        driver, a non-contiguous side, or another context current on this thread now)."""
-        driver = self._driver
-        source, destination = message.source, message.destination
-        if (
-            driver is None
-            or not source.is_contiguous()
-            or not destination.is_contiguous()
-            or not driver.is_current()
-        ):
-            return None
-        assert self._stream is not None
-        stream = self._stream.cuda_stream
-        driver.record(self._ready_event, caller_stream.cuda_stream)
-        driver.wait(stream, self._ready_event)
-        if message.direction == "h2d":
-            driver.copy_to_device(destination.data_ptr(), source.data_ptr(), nbytes, stream)
-        else:
-            driver.copy_to_host(destination.data_ptr(), source.data_ptr(), nbytes, stream)
-        event = self._free_events.pop() if self._free_events else driver.new_event()
-        driver.record(event, stream)
-        self.driver_copies += 1
-        return DriverEvent(driver, event)
+        return answer
 
     def _torch_copy(self, message: Copy, caller_stream: torch.cuda.Stream) -> torch.cuda.Event:
         """Queue the copy through torch; its done event."""

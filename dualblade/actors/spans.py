@@ -79,6 +79,27 @@ class PathCounters:
             }
 
 
+#: Told on the engine's thread how a read ended (None: every byte arrived); must not raise.
+Then = Callable[[BaseException | None], None]
+#: Cancels a read started with ``read_then`` (its ``then`` is still called).
+Cancel = Callable[[], None]
+
+
+def _after(then: Then, done: Callable[[], None]) -> Then:
+    """``then``, calling ``done`` (the span's accounting) first when the read succeeded; an
+    error there reaches ``then`` (nothing may raise on the engine's thread)."""
+
+    def ended(error: BaseException | None) -> None:
+        if error is None:
+            try:
+                done()
+            except Exception as failure:
+                error = failure
+        then(error)
+
+    return ended
+
+
 def host_view(tensor: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor as a writable memoryview (any dtype, bf16 too)."""
     assert tensor.device.type == "cpu", "a host tensor"
@@ -161,6 +182,19 @@ class DirectSpan(_Placement):
         )
         self.counters.add(self.path, read=self.nbytes)
 
+    def read_then(self, buffer: AlignedBuffer, slots: StorageSlots | None, then: Then) -> Cancel:
+        """:meth:`read_into` without the loop: ``then`` runs on the engine's thread
+        (:meth:`IOEngine.read_then`)."""
+        return self.engine.read_then(
+            self.target,
+            buffer,
+            self.nbytes,
+            self.file_offset,
+            _after(then, lambda: self.counters.add(self.path, read=self.nbytes)),
+            buf_offset=self.buffer_offset,
+            slots=slots,
+        )
+
     async def write_from(self, buffer: AlignedBuffer) -> None:
         await self.engine.pwrite(
             self.target, buffer, self.nbytes, self.file_offset, buf_offset=self.buffer_offset
@@ -217,6 +251,18 @@ class PageCacheSpan(_Placement):
             slots=slots,
         )
         self._read_done()
+
+    def read_then(self, buffer: AlignedBuffer, slots: StorageSlots | None, then: Then) -> Cancel:
+        """:meth:`read_into` without the loop (see :meth:`DirectSpan.read_then`)."""
+        return self.engine.read_then(
+            self.file,
+            buffer,
+            self.nbytes,
+            self.file_offset,
+            _after(then, self._read_done),
+            buf_offset=self.buffer_offset,
+            slots=slots,
+        )
 
     async def write_from(self, buffer: AlignedBuffer) -> None:
         await self.engine.pwrite(
