@@ -18,7 +18,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -107,12 +107,17 @@ class Tracer:
             }
         )
 
-    @contextmanager
-    def span(self, track: str, name: str, /, **args: Any) -> Iterator[dict[str, Any]]:
-        """Record the body as a slice; the yielded dict's entries are added to its args."""
+    def span(self, track: str, name: str, /, **args: Any) -> AbstractContextManager[dict[str, Any]]:
+        """Record the body as a slice; the yielded dict's entries are added to its args.
+
+        Disabled, a plain ``nullcontext``: a generator's context manager costs microseconds,
+        and the copy threads open spans for every KPU (docs/pipeline-profile.md)."""
         if not self.enabled:
-            yield args
-            return
+            return nullcontext(args)
+        return self._span(track, name, args)
+
+    @contextmanager
+    def _span(self, track: str, name: str, args: dict[str, Any]) -> Iterator[dict[str, Any]]:
         start = self.now_us()
         try:
             yield args

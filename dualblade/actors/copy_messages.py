@@ -8,7 +8,7 @@ page-cache file, memory map — see :mod:`.spans`) with the rows of the caller's
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -62,6 +62,12 @@ class RowView:
     row_stride: int
     dtype: torch.dtype
     shape: tuple[int, ...]  # (rows, batch, width)
+
+    def moved(self, shift: int) -> RowView:
+        """The same rows ``shift`` bytes further into the buffer."""
+        return RowView(
+            self.offset + shift, self.rows, self.row_bytes, self.row_stride, self.dtype, self.shape
+        )
 
     def tensor(self, buffer: AlignedBuffer | torch.Tensor) -> torch.Tensor:
         """A tensor aliasing the rows in ``buffer`` (no copy; strided when rows are padded).
@@ -133,8 +139,11 @@ def in_image(message: CopyMessage, base: int) -> CopyMessage:
     if base == 0:
         return message
     span = message.span.at(message.span.buffer_offset + base)
-    view = replace(message.view, offset=message.view.offset + base)
-    return replace(message, span=span, view=view)
+    view = message.view.moved(base)
+    # built directly: ``dataclasses.replace`` costs a KPU several times more (see spans.py)
+    if isinstance(message, Load):
+        return Load(span, view, message.destination, message.reply, message.landing)
+    return Store(message.source, view, span, message.reply)
 
 
 def split_pieces(
@@ -143,6 +152,8 @@ def split_pieces(
     """Row-aligned pieces of ``span`` and ``view`` of about ``piece_bytes``, in order, each with
     the rows of the caller's tensor it holds."""
     rows_per_piece = max(1, piece_bytes // view.row_stride)
+    if rows_per_piece >= view.rows:  # one piece (with CUDA's pieces, every KPU): no copies
+        return [(span, view, slice(0, view.rows))]
     out: list[tuple[StorageSpan, RowView, slice]] = []
     for first in range(0, view.rows, rows_per_piece):
         last = min(view.rows, first + rows_per_piece)

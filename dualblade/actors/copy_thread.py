@@ -243,12 +243,12 @@ class CopyThreadActor(Actor[CopyMessage]):
             # CUDA's common case: one piece, in an image of this transfer's own (its room is
             # never waited for), so its read waits for the storage slot in the engine, where
             # the read before it hands the slot on from the ring thread (StorageSlots).
-            sub_span, sub_view, rows = pieces[0]
+            sub_span, sub_view, _ = pieces[0]  # all rows: the destination itself, not a slice
             region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
             await self._ranges.acquire(*region)
             try:
                 read_end = await self._chained_load(
-                    sub_span, self._view_tensor(sub_view), message.destination[rows], limiter
+                    sub_span, self._view_tensor(sub_view), message.destination, limiter
                 )
                 if read_end is not None:
                     return read_end
@@ -256,7 +256,7 @@ class CopyThreadActor(Actor[CopyMessage]):
                     await sub_span.read_into(self.buffer, limiter)
                 storage_done = time.perf_counter()
                 await self._dma(
-                    self._view_tensor(sub_view), message.destination[rows], "h2d", sub_span.label
+                    self._view_tensor(sub_view), message.destination, "h2d", sub_span.label
                 )
             finally:
                 self._ranges.release(*region)
