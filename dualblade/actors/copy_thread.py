@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
 from typing import Any, cast
 
 import anyio
@@ -25,6 +24,8 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
+from dualblade.actors.buffer_views import BufferViews
+from dualblade.actors.chained_load import ChainedLoad
 from dualblade.actors.copy_messages import (
     ChainableSpan,
     CopyMessage,
@@ -51,8 +52,6 @@ PIECE_BYTES = 4 << 20
 #: H200 a resident OPT-6.7B cache reached the GPU at 7.4-8.8 GB/s in 8 MiB pieces, 18-20 in 64 MiB,
 #: the last piece's DMA trailing its read by 1.4 ms (a disk read of it takes 34 ms).
 CUDA_PIECE_BYTES = 64 << 20
-#: Buffer views kept per copy thread (a few per layer shape; the cache empties when full).
-VIEW_CACHE_SIZE = 256
 #: Transfers a copy thread runs at once: on the host most never touch its buffer (loads land in
 #: the caller's memory), so four; with CUDA two, each in an image of the buffer (docs/bench.md).
 HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
@@ -90,9 +89,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         super().__init__(f"copy-thread-{index}", tracer=tracer)
         self.index = index
         self.buffer = buffer
-        # The buffer as bytes, sliced per piece; dropped on stop (it pins the buffer's mapping).
-        self._buffer_bytes: torch.Tensor | None = None
-        self._views: dict[RowView, torch.Tensor] = {}
+        self._view_tensor = BufferViews(buffer)  # cleared on stop: its views pin the buffer
         self.dma = dma
         self.gate = gate
         self.bytes_loaded = 0
@@ -107,30 +104,20 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.max_transfers = CUDA_TRANSFERS if dma.cuda else HOST_TRANSFERS
         self._slots = anyio.Semaphore(self.max_transfers)
         self._free_images = list(range(images))
+        self._chained: set[ChainedLoad] = set()  # CUDA loads in flight with no task
+        self._chained_idle: anyio.Event | None = None
         self._task_group: TaskGroup | None = None
 
-    def _bytes(self) -> torch.Tensor:
-        if self._buffer_bytes is None:
-            self._buffer_bytes = self.buffer.tensor()
-        return self._buffer_bytes
-
-    def _view_tensor(self, view: RowView) -> torch.Tensor:
-        """The buffer's rows for ``view``, made once per distinct view.
-
-        A decoder asks for the same few views (one per layer shape and piece) again and again;
-        making one is five tensor operations, 70 us of the event loop per piece on the H200
-        machine.
-        """
-        tensor = self._views.get(view)
-        if tensor is None:
-            if len(self._views) >= VIEW_CACHE_SIZE:
-                self._views.clear()
-            tensor = self._views[view] = view.tensor(self._bytes())
-        return tensor
-
     async def on_stop(self) -> None:
-        self._views.clear()
-        self._buffer_bytes = None
+        # Chained loads still read into or copy out of the buffer: stop their reads, and wait
+        # for them (and their copies) to settle before the owner may free it.
+        for load in list(self._chained):
+            if load.cancel is not None:
+                load.cancel()
+        while self._chained:
+            self._chained_idle = anyio.Event()
+            await self._chained_idle.wait()
+        self._view_tensor.clear()
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         async with anyio.create_task_group() as tg:
@@ -149,7 +136,18 @@ class CopyThreadActor(Actor[CopyMessage]):
         assert self._task_group is not None
         # with two images each transfer in flight has one of its own
         image = self._free_images.pop() if self.images > 1 else 0
+        try:
+            if self.images > 1 and self._start_chained(message, image):
+                return
+        except BaseException:
+            self._release(image)
+            raise
         self._task_group.start_soon(self._transfer, message, image)
+
+    def _release(self, image: int) -> None:
+        if self.images > 1:
+            self._free_images.append(image)
+        self._slots.release()
 
     async def _transfer(self, message: CopyMessage, image: int) -> None:
         try:
@@ -162,9 +160,7 @@ class CopyThreadActor(Actor[CopyMessage]):
             message.reply.fail(ActorStoppedError(f"{self.name} stopped: {error!r}"))
             raise
         finally:
-            if self.images > 1:
-                self._free_images.append(image)
-            self._slots.release()
+            self._release(image)
 
     async def _run_transfer(self, message: CopyMessage, image_base: int) -> None:
         span = message.span
@@ -192,25 +188,70 @@ class CopyThreadActor(Actor[CopyMessage]):
                 self.bytes_loaded += span.nbytes
             else:
                 self.bytes_stored += span.nbytes
+        message.reply.set(self._stats(message, start, storage_done, host))
+
+    def _stats(
+        self, placed: CopyMessage, start: float, storage_done: float, host: torch.Tensor | None
+    ) -> TransferStats:
+        """What a transfer that just ended did; ``placed``: in its image of the buffer."""
         end = time.perf_counter()
+        span = placed.span
         if host is not None:  # storage moved the caller's own bytes; no DMA side
             io_address = dma_address = host.data_ptr()
         else:
-            io_address = self.buffer.address + message.span.buffer_offset
-            dma_address = self.buffer.address + message.view.offset
-        stats = TransferStats(
-            nbytes=span.nbytes,
-            storage_s=storage_done - start,
-            dma_s=end - storage_done,
-            path=span.path,
-            io_buffer_address=io_address,
-            dma_host_address=dma_address,
-        )
+            io_address = self.buffer.address + span.buffer_offset
+            dma_address = self.buffer.address + placed.view.offset
         if span.path == "direct":
             # Co-DMA evidence: storage DMA and the device copy used the same host bytes.
             self.direct_transfers += 1
-            self.co_dma_transfers += stats.io_buffer_address == stats.dma_host_address
-        message.reply.set(stats)
+            self.co_dma_transfers += io_address == dma_address
+        return TransferStats(
+            span.nbytes,
+            storage_done - start,
+            end - storage_done,
+            span.path,
+            io_address,
+            dma_address,
+        )
+
+    def _start_chained(self, message: CopyMessage, image: int) -> bool:
+        """Start a CUDA load of one piece as a :class:`ChainedLoad` (no task: the read and the
+        copy chained on the engine's thread), or say that it cannot be one."""
+        if not isinstance(message, Load) or not self.dma.cuda:
+            return False
+        placed = in_image(message, image * self.image_bytes)
+        assert isinstance(placed, Load)
+        pieces = split_pieces(placed.span, placed.view, self.piece_bytes)
+        span, view, _ = pieces[0]
+        if len(pieces) > 1 or not hasattr(span, "read_then"):
+            return False
+        load = ChainedLoad(message, placed, image, self._chained_ended)
+        copy = Copy(self._view_tensor(view), message.destination, "h2d", span.label, load)
+        load.launch = self.dma.chain(copy)
+        if load.launch is None:
+            return False
+        self._chained.add(load)
+        slots = self.gate.limiter_for(span.path)
+        try:
+            load.cancel = cast(ChainableSpan, span).read_then(self.buffer, slots, load.read_ended)
+        except BaseException as error:  # refused at once: told on the loop, as a failed read
+            load.read_ended(error.with_traceback(None))
+        return True
+
+    def _chained_ended(self, load: ChainedLoad, error: BaseException | None) -> None:
+        """On the loop: a chained load's copy is done, or its read or copy failed."""
+        self._chained.discard(load)
+        self._release(load.image)
+        reply = load.message.reply
+        if error is None:
+            self.bytes_loaded += load.placed.span.nbytes
+            reply.set(self._stats(load.placed, load.start, load.read_end, None))
+        elif isinstance(error, DualbladeError):  # a failed I/O belongs to the context that asked
+            reply.fail(error)
+        else:
+            reply.fail(ActorStoppedError(f"{self.name}: the load failed: {error!r}"))
+        if not self._chained and self._chained_idle is not None:
+            self._chained_idle.set()
 
     async def _land(self, span: StorageSpan, memory: AlignedBuffer) -> float:
         """Storage -> the caller's aligned memory, holding a storage slot of the overlap gate.
@@ -247,11 +288,6 @@ class CopyThreadActor(Actor[CopyMessage]):
             region = (sub_span.buffer_offset, sub_span.buffer_offset + sub_span.nbytes)
             await self._ranges.acquire(*region)
             try:
-                read_end = await self._chained_load(
-                    sub_span, self._view_tensor(sub_view), message.destination, limiter
-                )
-                if read_end is not None:
-                    return read_end
                 with self.tracer.span(self.name, f"read {sub_span.label}", bytes=sub_span.nbytes):
                     await sub_span.read_into(self.buffer, limiter)
                 storage_done = time.perf_counter()
@@ -262,39 +298,6 @@ class CopyThreadActor(Actor[CopyMessage]):
                 self._ranges.release(*region)
             return storage_done
         return await self._load_pieces(message, pieces, limiter)
-
-    async def _chained_load(
-        self,
-        span: StorageSpan,
-        source: torch.Tensor,
-        destination: torch.Tensor,
-        slots: StorageSlots,
-    ) -> float | None:
-        """Read ``span`` into ``source`` and copy it to ``destination``, the copy queued by the
-        engine's thread as the read ends (``GpuDmaActor.chain``): the loop wakes once, not
-        twice. Returns when the read ended, or None (nothing done) where it cannot chain."""
-        if not hasattr(span, "read_then"):
-            return None
-        reply: Reply[int] = Reply()
-        launch = self.dma.chain(Copy(source, destination, "h2d", span.label, reply))
-        if launch is None:
-            return None
-        then = _TimedLaunch(launch)
-        cancel = cast(ChainableSpan, span).read_then(self.buffer, slots, then)
-        try:
-            await reply.wait()
-        except BaseException:
-            if not reply.done:  # cancelled: the buffer is ours again only once both ended
-                with anyio.CancelScope(shield=True):
-                    cancel()
-                    await reply.settled()
-            raise
-        finally:
-            # A failed read's traceback keeps this frame: drop what aliases the pinned buffer
-            # (the copy's source), or the buffer cannot be closed while the error lives.
-            del source, launch
-            then.launch = None
-        return then.read_end
 
     async def _load_pieces(
         self,
@@ -383,18 +386,3 @@ class CopyThreadActor(Actor[CopyMessage]):
     ) -> None:
         reply: Reply[int] = Reply()
         await self.dma.ask(Copy(source, destination, direction, label, reply), reply)
-
-
-class _TimedLaunch:
-    """A chained copy's launch, noting when the read before it ended (for the stats)."""
-
-    __slots__ = ("launch", "read_end")
-
-    def __init__(self, launch: Callable[[BaseException | None], None]) -> None:
-        self.launch: Callable[[BaseException | None], None] | None = launch
-        self.read_end = 0.0
-
-    def __call__(self, error: BaseException | None) -> None:  # on the engine's thread
-        self.read_end = time.perf_counter()
-        assert self.launch is not None, "a read ends once"
-        self.launch(error)

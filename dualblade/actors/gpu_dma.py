@@ -18,11 +18,12 @@ import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import anyio
 import torch
 
-from dualblade.actors._base import Actor, ActorStoppedError, Reply
+from dualblade.actors._base import Actor, ActorStoppedError
 from dualblade.actors.cuda_driver import CudaDriver, CudaDriverError, DriverEvent, load_driver
 from dualblade.actors.dma_completions import DmaCompletions, OnDone
 from dualblade.io_engine import LoopCaller, loop_caller
@@ -40,7 +41,15 @@ class Copy:
     destination: torch.Tensor
     direction: str  # "h2d" (pinned -> device) or "d2h" (device -> pinned)
     label: str
-    reply: Reply[int]
+    reply: CopyAnswer  # a Reply, or a chained load (answered on the loop either way)
+
+
+class CopyAnswer(Protocol):
+    """What a copy's requester is told through, on the loop: the bytes copied, or an error."""
+
+    def set(self, nbytes: int, /) -> None: ...
+
+    def fail(self, error: BaseException) -> None: ...
 
 
 class GpuDmaActor(Actor[Copy]):
