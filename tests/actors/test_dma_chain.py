@@ -11,7 +11,7 @@ requester's reply (never a copy after stop, never a lost answer).
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import anyio
 import pytest
@@ -44,6 +44,14 @@ def _copy(nbytes: int = 1 << 16) -> tuple[Copy, Reply[int]]:
     return Copy(source, torch.zeros_like(source), "h2d", "L0.K", reply), reply
 
 
+def _chained(actor: GpuDmaActor) -> tuple[Copy, Reply[int], Callable[[BaseException | None], None]]:
+    """A copy asked for as a chained launch (on the loop), with its reply and the launch."""
+    copy, reply = _copy()
+    launch = actor.chain(copy)
+    assert launch is not None
+    return copy, reply, launch
+
+
 def _on_thread(function: object, *args: object) -> str:
     """Run ``function(*args)`` on a thread of its own, as the engine's thread would."""
     thread = threading.Thread(target=function, args=args, name="engine")  # type: ignore[arg-type]
@@ -54,9 +62,7 @@ def _on_thread(function: object, *args: object) -> str:
 
 async def test_a_chained_copy_runs_after_the_caller_stream_and_answers_on_the_loop(dma):
     actor, held = dma
-    copy, reply = _copy()
-    launch = actor.chain(copy)
-    assert launch is not None
+    copy, reply, launch = _chained(actor)
     (name, thread, (ready, stream)) = held.calls[-1]  # recorded on the loop, at chain time
     assert (name, stream) == ("cuEventRecord", CALLER_STREAM)
     assert thread == threading.current_thread().name
@@ -79,20 +85,16 @@ async def test_a_chained_copy_runs_after_the_caller_stream_and_answers_on_the_lo
     assert (actor.chained_copies, actor.driver_copies, actor.bytes_h2d) == (1, 1, 1 << 16)
     # both events went back to the pool: the next chained copy creates none
     held.calls.clear()
-    again, again_reply = _copy()
-    launch = actor.chain(again)
-    assert launch is not None
+    _, again, launch = _chained(actor)
     _on_thread(launch, None)
     with anyio.fail_after(5):
-        await again_reply.wait()
+        await again.wait()
     assert "cuEventCreate" not in held.names()
 
 
 async def test_a_failed_read_fails_the_reply_and_queues_no_copy(dma):
     actor, held = dma
-    copy, reply = _copy()
-    launch = actor.chain(copy)
-    assert launch is not None
+    _, reply, launch = _chained(actor)
     error = IOFailedError("direct.dat", "read", 0, 4096, errno=5)
     _on_thread(launch, error)
     with anyio.fail_after(5), pytest.raises(IOFailedError) as caught:
@@ -105,9 +107,7 @@ async def test_a_failed_read_fails_the_reply_and_queues_no_copy(dma):
 
 async def test_no_copy_starts_once_the_actor_is_stopping(dma):
     actor, held = dma
-    copy, reply = _copy()
-    launch = actor.chain(copy)
-    assert launch is not None
+    _, reply, launch = _chained(actor)
     await actor.on_stop()  # waits for queued copies, then takes no more
     _on_thread(launch, None)
     with anyio.fail_after(5), pytest.raises(ActorStoppedError, match="stopping"):
@@ -117,9 +117,7 @@ async def test_no_copy_starts_once_the_actor_is_stopping(dma):
 
 async def test_a_failed_driver_call_fails_the_reply_and_later_copies(dma):
     actor, held = dma
-    copy, reply = _copy()
-    launch = actor.chain(copy)
-    assert launch is not None
+    _, reply, launch = _chained(actor)
     held.codes["cuMemcpyHtoDAsync_v2"] = 700  # CUDA_ERROR_ILLEGAL_ADDRESS
     _on_thread(launch, None)
     with anyio.fail_after(5), pytest.raises(ActorStoppedError, match="cuMemcpyHtoDAsync"):
