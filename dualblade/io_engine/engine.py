@@ -20,7 +20,7 @@ Notes:
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -35,7 +35,7 @@ from dualblade.io_engine._waker import async_waker, blocking_waker
 from dualblade.io_engine.buffers import AlignedBuffer
 from dualblade.io_engine.errors import IOEngineError
 from dualblade.io_engine.ring import ChunkObserver, Ring
-from dualblade.io_engine.storage_slots import Claim, StorageSlots
+from dualblade.io_engine.storage_slots import StorageSlots
 from dualblade.io_engine.targets.base import Target
 
 CompatMode = Literal["on", "off", "auto"]
@@ -223,30 +223,19 @@ class IOEngine:
         slots: StorageSlots | None = None,
     ) -> int:
         event, wake = async_waker()
-        claim: Claim | None = None
-        if slots is None:
-            request = self._request(kind, target, buf, size, offset, buf_offset, wake)
-            self._submit(request)
-        else:
-            claim = self._queue_for_slot(
-                slots,
-                lambda notify: self._request(kind, target, buf, size, offset, buf_offset, notify),
-                wake,
-            )
-            request = claim.request
+        box: list[IORequest] = []
+        make = functools.partial(self._request, kind, target, buf, size, offset, buf_offset)
+        cancel = self._start(make, wake, slots, box)
         try:
             await event.wait()
         except BaseException:
             # Cancelled (or interrupted): the kernel may still DMA into the buffer. Stop the
             # request and wait, shielded, until every posted chunk has completed.
             with anyio.CancelScope(shield=True):
-                if claim is not None and claim.withdraw():  # never started: nothing in flight
-                    request.abandon(IOEngineError("cancelled while waiting for a storage slot"))
-                else:
-                    self._backend.cancel(request)
+                cancel()
                 await event.wait()
             raise
-        return request.result()
+        return box[0].result()
 
     def read_then(
         self,
@@ -269,10 +258,6 @@ class IOEngine:
         # and ``then`` may hold the caller's tensors, which must not wait for the collector
         held = [then]
 
-        def make(notify: Callable[[], None]) -> IORequest:
-            box.append(self._request(Kind.READ, target, buf, size, file_offset, buf_offset, notify))
-            return box[0]
-
         def ended() -> None:
             request, told = box.pop(), held.pop()
             try:
@@ -282,12 +267,45 @@ class IOEngine:
                 return
             told(None)
 
+        try:
+            make = functools.partial(
+                self._request, Kind.READ, target, buf, size, file_offset, buf_offset
+            )
+            return self._start(make, ended, slots, box)
+        except Exception:
+            if held:  # then() was not told: bad arguments, nothing started
+                raise
+            return lambda: None  # a refused submit, already told to then()
+
+    def _start(
+        self,
+        make_request: Callable[[Callable[[], None]], IORequest],
+        notify: Callable[[], None],
+        slots: StorageSlots | None,
+        box: list[IORequest],
+    ) -> Callable[[], None]:
+        """Start the request ``make_request`` makes (or queue it for one of ``slots``); it
+        calls ``notify`` when it has ended. ``box`` receives it before it can start (a
+        ``notify`` may need it). Returns its cancel. A refused submit raises after ``notify``."""
+
+        def make(notify: Callable[[], None]) -> IORequest:
+            box.append(make_request(notify))
+            return box[0]
+
         if slots is None:
-            request = make(ended)
-            with contextlib.suppress(Exception):  # a refused submit has told then()
-                self._submit(request)
+            request = make(notify)
+            self._submit(request)
             return lambda: self._backend.cancel(request)
-        claim = self._queue_for_slot(slots, make, ended)
+        # queued for a slot, and started by whichever thread frees one (storage_slots.py)
+        claim = slots.claim(lambda: self._start_granted(claim.request))
+
+        def finished() -> None:  # on the backend's thread: the next waiter starts there
+            if claim.granted:
+                slots.release()
+            notify()
+
+        claim.request = make(finished)
+        claim.enter()
 
         def cancel() -> None:
             if claim.withdraw():  # never started: nothing in flight
@@ -296,25 +314,6 @@ class IOEngine:
                 self._backend.cancel(claim.request)
 
         return cancel
-
-    def _queue_for_slot(
-        self,
-        slots: StorageSlots,
-        make_request: Callable[[Callable[[], None]], IORequest],
-        wake: Callable[[], None],
-    ) -> Claim:
-        """A request (made by ``make_request`` with its end callback) that waits for one of
-        ``slots`` and is started by whoever frees it; ``wake`` when it has ended."""
-        claim = slots.claim(lambda: self._start_granted(claim.request))
-
-        def finished() -> None:  # on the backend's thread: the next waiter starts there
-            if claim.granted:
-                slots.release()
-            wake()
-
-        claim.request = make_request(finished)
-        claim.enter()
-        return claim
 
     def _start_granted(self, request: IORequest) -> None:
         """Submit a request whose storage slot was just granted (on the granting thread)."""
