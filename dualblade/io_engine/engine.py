@@ -2,9 +2,10 @@
 
 ``await engine.pread(target, buf, size, file_offset)`` moves ``size`` bytes and returns the byte
 count; ``engine.read(...)`` is the blocking form for sync callers. Large requests are split into
-chunks of at most ``min(target.max_transfer, max_chunk)`` and up to ``queue_depth`` chunks are in
-flight at once, across all requests of a lane: the device's, and the page cache's (buffered files),
-so that memory copies never wait behind device commands (:mod:`._lanes`).
+chunks (:meth:`Target.command_bytes`: ``max_transfer``, and ``max_chunk`` for a device), and
+up to ``queue_depth`` chunks are in flight at once, across all requests of a lane: the device's,
+and the page cache's (buffered files), so that memory copies never wait behind device commands
+(:mod:`._lanes`).
 
 Compat mode (``on | off | auto``, default ``auto`` or ``$DUALBLADE_COMPAT``): ``auto`` uses the
 io_uring ring and falls back to the thread-pool ``preadv``/``pwritev`` engine when io_uring cannot
@@ -49,7 +50,9 @@ class IOEngine:
             the page cache).
         compat: ``on``, ``off`` or ``auto`` (see the module notes).
         passthrough: the ring must carry NVMe commands (128-byte SQEs, 32-byte CQEs).
-        max_chunk: cap on the chunk size below each target's ``max_transfer``.
+        max_chunk: cap on the size of a device's commands, below each target's
+            ``max_transfer`` (Algorithm 2's chunking). A buffered file cuts its own commands
+            (:meth:`~dualblade.io_engine.targets.page_cache_file.PageCacheFile.command_bytes`).
         name: used for the ring thread and in logs.
 
     Raises:
@@ -145,11 +148,7 @@ class IOEngine:
                 )
             address = buf.address + buf_offset
         target.check_io(kind.value, offset, size, address)
-        chunk = target.max_trim if kind is Kind.TRIM else target.max_transfer
-        if self.max_chunk is not None and kind is not Kind.TRIM:
-            chunk = max(
-                target.lba_size, min(chunk, self.max_chunk // target.lba_size * target.lba_size)
-            )
+        chunk = target.max_trim if kind is Kind.TRIM else target.command_bytes(size, self.max_chunk)
         return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)  # type: ignore[arg-type]
 
     def _submit(self, request: IORequest) -> None:

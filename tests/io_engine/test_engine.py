@@ -59,6 +59,23 @@ async def test_requests_split_at_max_chunk_and_queue_depth_is_respected(
     assert engine.peak_inflight == engine.queue_depth  # the queue was kept full
 
 
+async def test_max_chunk_cuts_device_commands_only(
+    engine: IOEngine, buffer: AlignedBuffer, tmp_path: str
+) -> None:
+    """A buffered file's commands are memory copies: they keep the file's own size, while the
+    engine's 64 KiB max_chunk cuts a device's (the test above)."""
+    payload = os.urandom(3 << 20)
+    buffer.view[: len(payload)] = payload
+    path = os.path.join(tmp_path, "pc.dat")
+    with PageCacheFile(path, 4 << 20, max_transfer=1 << 20) as target:
+        before = engine.chunks_submitted
+        await engine.pwrite(target, buffer, len(payload), 4096)
+        buffer.view[: len(payload)] = bytes(len(payload))
+        await engine.pread(target, buffer, len(payload), 4096)
+        assert engine.chunks_submitted - before == 2 * 3  # 1 MiB commands, not 48 of 64 KiB
+    assert digest(buffer.view[: len(payload)]) == digest(payload)
+
+
 async def test_many_concurrent_requests_never_mix(
     engine: IOEngine, direct_file: DirectFile
 ) -> None:

@@ -73,6 +73,16 @@ class Target(ABC):
             )
 
     # -- commands -----------------------------------------------------------------------------
+    def command_bytes(self, size: int, max_chunk: int | None) -> int:
+        """The size of the commands a ``size``-byte read or write is cut into: the target's
+        ``max_transfer``, capped by the engine's ``max_chunk`` (Algorithm 2's chunking), in
+        whole LBAs."""
+        if max_chunk is None:
+            return self.max_transfer
+        return max(
+            self.lba_size, min(self.max_transfer, max_chunk // self.lba_size * self.lba_size)
+        )
+
     def io_op(
         self, write: bool, address: int, length: int, offset: int, buf_index: int | None
     ) -> opcodes.Op:
