@@ -14,6 +14,12 @@ layers on both so that their bandwidths add. With one set of slots for both, a s
 read waited behind the direct read before it on the same slots, and a step took the sum of its two
 paths' times (docs/bench.md).
 
+Cross delays only the reads that reach a storage device (:data:`CROSS_PATHS`): it exists because
+concurrent reads contend for the SSD (the paper's throughput analysis). A page-cache read is a
+memory copy by a CPU, and one at a time only idles the others: on the H200 machine, with every
+layer of OPT-6.7B in the page cache, the Cross iteration took 1.44-1.63 s against 0.40-0.50 s for
+the steps around it, a quarter of a seven-step decode (docs/bench.md).
+
 In ``auto`` mode the probe skips decode iteration 1 (cold caches), runs iteration 2 with Intra and
 iteration 3 with Cross, compares their throughput and locks the faster one; a budget change restarts
 the probe at the next iteration.
@@ -34,10 +40,13 @@ ProbeMode = Literal["auto", "intra", "cross"]
 
 _log = get_logger(__name__)
 
+#: The I/O paths whose reads Overlap-Cross takes one at a time: those that reach the device.
+CROSS_PATHS = frozenset({"direct"})
+
 
 class OverlapGate:
-    """Storage slots shared by the copy threads, per I/O path: as many as there are copy threads
-    (Intra) or one (Cross) on each path."""
+    """Storage slots shared by the copy threads, per I/O path: as many as there are copy threads,
+    or one on a device's path (:data:`CROSS_PATHS`) under Cross."""
 
     def __init__(self, copy_threads: int, strategy: StrategyName = "intra") -> None:
         self.copy_threads = copy_threads
@@ -45,16 +54,15 @@ class OverlapGate:
         self.strategy: StrategyName = strategy
         self.set(strategy)
 
-    @property
-    def slots(self) -> int:
-        """Storage transfers at once on each path under the current strategy."""
-        return self.copy_threads if self.strategy == "intra" else 1
+    def slots_for(self, path: str) -> int:
+        """Storage transfers at once on ``path`` under the current strategy."""
+        return 1 if self.strategy == "cross" and path in CROSS_PATHS else self.copy_threads
 
     def set(self, strategy: StrategyName) -> None:
         """Switch strategy; reads in progress finish under the old one."""
         self.strategy = strategy
-        for limiter in self._limiters.values():
-            limiter.total_tokens = self.slots
+        for path, limiter in self._limiters.items():
+            limiter.total_tokens = self.slots_for(path)
 
     def limiter_for(self, path: str) -> StorageSlots:
         """Hold one of ``path``'s slots around a storage transfer on that path (``async with``),
@@ -62,7 +70,7 @@ class OverlapGate:
         slot on from a finished transfer to the next without the event loop."""
         limiter = self._limiters.get(path)
         if limiter is None:
-            limiter = self._limiters[path] = StorageSlots(self.slots)
+            limiter = self._limiters[path] = StorageSlots(self.slots_for(path))
         return limiter
 
 

@@ -139,11 +139,14 @@ async def test_gate_tokens_follow_the_strategy():
     assert gate.limiter_for("direct").total_tokens == 4
     gate.set("cross")
     assert gate.limiter_for("direct").total_tokens == 1
-    assert gate.limiter_for("page-cache").total_tokens == 1  # made after the switch
+    assert gate.limiter_for("page-cache").total_tokens == 4  # a memory copy: never delayed
+    assert gate.limiter_for("baseline").total_tokens == 4  # made after the switch
     gate.set("intra")
     assert gate.limiter_for("direct").total_tokens == 4
     assert gate.limiter_for("page-cache").total_tokens == 4
-    assert OverlapGate(copy_threads=4, strategy="cross").limiter_for("direct").total_tokens == 1
+    cross = OverlapGate(copy_threads=4, strategy="cross")
+    assert cross.limiter_for("direct").total_tokens == 1
+    assert cross.limiter_for("page-cache").total_tokens == 4
 
 
 @pytest.mark.parametrize(("strategy", "concurrent"), [("intra", 3), ("cross", 1)])
@@ -188,7 +191,7 @@ async def test_each_path_has_slots_of_its_own(strategy):
         for path in ("direct", "direct", "direct", "page-cache", "page-cache", "page-cache"):
             tg.start_soon(transfer, path)
         await anyio.wait_all_tasks_blocked()
-        assert inside == {"direct": gate.slots, "page-cache": gate.slots}
+        assert inside == {"direct": 2 if strategy == "intra" else 1, "page-cache": 2}
         release.set()
 
 
