@@ -100,6 +100,31 @@ async def test_tokens_depend_on_the_cached_kv(opt_tiny: OptModel) -> None:
     assert not torch.equal(good.tokens, bad.tokens)
 
 
+async def test_the_decode_warm_up_runs_once_per_shape_and_changes_no_token(
+    opt_tiny: OptModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the first prefill of a shape also runs a decode-shaped pass on zeros (its
+    kernels' first launch off the first step); forced on here, it must not touch the cache or
+    the tokens."""
+    ids = prompts(4, 64, opt_tiny.arch.vocab_size)
+    plain = await opt_tiny.generate(ids, 8, memory_kv(opt_tiny, 4, 80, torch.float16))
+    warmed: list[tuple[int, int]] = []
+    real = opt_tiny._warm_decode
+
+    def spy(batch: int, past_rows: int) -> None:
+        warmed.append((batch, past_rows))
+        real(batch, past_rows)
+
+    monkeypatch.setattr(opt_tiny, "_warm_decode", spy)
+    monkeypatch.setattr(opt_tiny, "warm_decode", True)
+    monkeypatch.setattr(opt_tiny, "_warmed", set())
+    first = await opt_tiny.generate(ids, 8, memory_kv(opt_tiny, 4, 80, torch.float16))
+    second = await opt_tiny.generate(ids, 8, memory_kv(opt_tiny, 4, 80, torch.float16))
+    assert warmed == [(4, 64)]  # once for the shape
+    assert torch.equal(first.tokens, plain.tokens)
+    assert torch.equal(second.tokens, plain.tokens)
+
+
 def _kv_args() -> dict[str, Any]:
     return {"layers": 4, "batch": 4, "max_len": 80, "width": 64, "dtype": torch.float16}
 
