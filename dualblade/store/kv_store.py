@@ -194,8 +194,7 @@ class KVStore:
         return x if self._budget_cap is None else min(x, self._budget_cap)
 
     async def _on_budget(self, budget: Budget) -> None:
-        self.ledger.set_budget(self._ledger_budget())
-        self.replanner.wake()
+        self.replanner.follow_budget(self._ledger_budget(), reading=True)
 
     def set_page_cache_budget(self, nbytes: int | None) -> None:
         """Cap the page-cache budget the contexts share at ``nbytes`` (None: no cap; the
@@ -208,8 +207,7 @@ class KVStore:
         if nbytes is not None and (isinstance(nbytes, bool) or nbytes < 0):
             raise ConfigError(f"a page-cache budget cap must be >= 0 bytes, got {nbytes!r}")
         self._budget_cap = nbytes
-        self.ledger.set_budget(self._ledger_budget())
-        self.replanner.wake()
+        self.replanner.follow_budget(self._ledger_budget(), reading=False)
 
     async def replanned(self) -> None:
         """Wait until every live context holds the page-cache share the policy gives it."""

@@ -12,6 +12,8 @@ opens or closes and when the budget changes (the budgeter's readings, or
    the ledger back under the budget, before the kernel has to evict anything.
 2. **Promote** into what is free: the context holding the fewest bytes below its target gets
    the next layer of its order; the ledger is charged before a byte goes to the page cache.
+   Promotions plan against the lowest budgeter reading of the last second
+   (:mod:`.budget_watermark`), so a reading that does not hold moves nothing in.
 
 Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
 reader waits for at most one layer's move. They yield the copy threads to decode steps, except
@@ -33,6 +35,7 @@ from anyio.abc import TaskStatus
 from dualblade.errors import DualbladeError
 from dualblade.logs import get_logger
 from dualblade.pipeline import Medium
+from dualblade.store.budget_watermark import LowWatermark
 from dualblade.store.residency_ledger import ResidencyLedger
 
 if TYPE_CHECKING:
@@ -56,14 +59,31 @@ SETTLE_S = 0.25
 class Replanner:
     """The store's re-planning task (see the module docstring)."""
 
-    def __init__(self, ledger: ResidencyLedger, contexts: Mapping[int, KVContext]) -> None:
+    def __init__(
+        self,
+        ledger: ResidencyLedger,
+        contexts: Mapping[int, KVContext],
+        readings: LowWatermark | None = None,
+    ) -> None:
         self.ledger = ledger
         self._contexts = contexts
+        self._readings = readings or LowWatermark()
         self._wakeup = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
         self.enabled = True
         self._settle = 0.0
+
+    def follow_budget(self, budget_bytes: int, *, reading: bool) -> None:
+        """A new page-cache budget: the ledger's at once (demotions follow it), and, if it is a
+        budgeter ``reading``, one more for the low watermark that promotions plan against (an
+        operator's cap holds at once, both ways)."""
+        self.ledger.set_budget(budget_bytes)
+        if reading:
+            self._readings.observe(budget_bytes)
+        else:
+            self._readings.reset(budget_bytes)
+        self.wake()
 
     def wake(self, *, settle: bool = False) -> None:
         """Something changed: re-plan soon (never blocks). ``settle``: a context opened or
@@ -80,15 +100,17 @@ class Replanner:
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
+        held = False  # promotions wait for a higher reading to hold
         while True:
-            await self._wakeup.wait()
+            with anyio.move_on_after(self._readings.rises_in() if held else None):
+                await self._wakeup.wait()
             if self._settle:
                 await anyio.sleep(self._settle)
             self._wakeup = anyio.Event()
             skipped: set[int] = set()
             await self._demote(skipped)
-            await self._promote(skipped)
-            if not self._wakeup.is_set():
+            held = await self._promote(skipped)
+            if not self._wakeup.is_set() and not held:
                 self._idle.set()
 
     async def _demote(self, skipped: set[int]) -> None:
@@ -109,20 +131,30 @@ class Replanner:
                     self.ledger.credit(context, layer)
                     self.ledger.demotions += 1
 
-    async def _promote(self, skipped: set[int]) -> None:
+    async def _promote(self, skipped: set[int]) -> bool:
+        """Promote while a context is below its target; returns whether a promotion waits for
+        a reading to hold (the current budget would allow more than the low watermark)."""
         while True:
-            targets = self.ledger.targets()
+            low = self._readings.low(default=self.ledger.budget_bytes)
+            targets = self.ledger.targets(low)
             candidates = []
             for context in self.ledger.contexts():
                 charged = self.ledger.charged_layers(context)
                 if context in skipped or len(charged) >= targets.get(context, 0):
                     continue
                 layer = self.ledger.next_uncharged(context, targets[context])
-                if layer is not None and self.ledger.fits(context, layer):
+                if layer is not None and self.ledger.fits(context, layer, low):
                     bytes_held = self.ledger.snapshot().shares.get(context, 0)
                     candidates.append((bytes_held, context, layer))
             if not candidates:
-                return
+                if low >= self.ledger.budget_bytes:
+                    return False
+                now = self.ledger.targets()  # what the current reading alone would give
+                return any(
+                    context not in skipped
+                    and len(self.ledger.charged_layers(context)) < now.get(context, 0)
+                    for context in self.ledger.contexts()
+                )
             _, context, layer = min(candidates)
             ctx = self._contexts.get(context)
             if ctx is None:

@@ -124,8 +124,11 @@ class ResidencyLedger:
         return entry.order[:n]
 
     # -- charges -------------------------------------------------------------------------------
-    def fits(self, context: int, layer: int) -> bool:
-        return self._entries[context].sizes[layer] <= self.free_bytes
+    def fits(self, context: int, layer: int, budget_bytes: int | None = None) -> bool:
+        """The layer fits what is free of the budget (or of ``budget_bytes``, if lower: the
+        re-planner promotes against the lowest recent reading)."""
+        budget = self._capped(budget_bytes)
+        return self._entries[context].sizes[layer] <= max(0, budget - self.placed_bytes)
 
     def charge(self, context: int, layer: int) -> None:
         """Charge a layer before its bytes go to the page cache.
@@ -186,10 +189,14 @@ class ResidencyLedger:
     def over_budget_bytes(self) -> int:
         return max(0, self.placed_bytes - self.budget_bytes)
 
-    def targets(self) -> dict[int, int]:
-        """Per context, how many layers (the first of its order) the share policy gives it."""
+    def targets(self, budget_bytes: int | None = None) -> dict[int, int]:
+        """Per context, how many layers (the first of its order) the share policy gives it of
+        the budget (or of ``budget_bytes``, if lower)."""
         demands = [entry.demand for entry in self._entries.values()]
-        return dict(self.policy.shares(self.budget_bytes, demands))
+        return dict(self.policy.shares(self._capped(budget_bytes), demands))
+
+    def _capped(self, budget_bytes: int | None) -> int:
+        return self.budget_bytes if budget_bytes is None else min(self.budget_bytes, budget_bytes)
 
     def contexts(self) -> list[int]:
         """Live contexts, oldest first."""

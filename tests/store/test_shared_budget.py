@@ -404,6 +404,51 @@ async def test_the_budgeters_readings_replan_live_contexts(
             await requests.check(ctx, layer)
 
 
+async def test_a_higher_reading_promotes_only_once_it_has_held(make_config: MakeConfig) -> None:
+    """Demotions follow a lower reading at once; promotions wait until a higher one has held
+    for GROWTH_WINDOW_S, so a reading that comes and goes moves no layer in and out again."""
+    from dualblade.actors import Budget, Reply
+    from dualblade.actors.budgeter import Refresh
+    from dualblade.pipeline import fixed_budget, pin_bytes
+    from dualblade.store.budget_watermark import GROWTH_WINDOW_S
+
+    config = _config(make_config)
+    requests = Requests(config)
+
+    async def reading(store: KVStore, layers: int) -> None:
+        detail = fixed_budget(
+            layers * LAYER_BYTES, pin_bytes=pin_bytes(config), copy_threads=config.copy_threads
+        )
+        store.runtime.budgeter._read = lambda: Budget(layers * LAYER_BYTES, None, detail=detail)
+        reply: Reply[Budget] = Reply()
+        await store.runtime.budgeter.ask(Refresh(reply), reply)
+
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        store.runtime.budgeter.min_change = 1
+        await store.replanned()
+        await requests.prefill(ctx, 4)
+        await reading(store, 1)
+        await store.replanned()
+        assert ctx.resident_layers == 1  # at once
+        before = store.stats().ledger.promotions
+
+        await reading(store, 4)  # a rise that does not hold
+        await anyio.sleep(GROWTH_WINDOW_S / 4)
+        assert ctx.resident_layers == 1
+        await reading(store, 1)
+        await anyio.sleep(GROWTH_WINDOW_S / 4)
+        assert store.stats().ledger.promotions == before  # nothing moved in, nor out again
+
+        await reading(store, 4)  # one that holds
+        start = anyio.current_time()
+        await store.replanned()
+        assert ctx.resident_layers == 4
+        assert store.stats().ledger.promotions == before + 3
+        assert GROWTH_WINDOW_S / 2 < anyio.current_time() - start < GROWTH_WINDOW_S * 3
+        for layer in range(LAYERS):
+            await requests.check(ctx, layer)
+
+
 async def test_each_reading_keeps_what_the_application_reserved_out_of_the_budget(
     make_config: MakeConfig,
 ) -> None:
