@@ -295,7 +295,12 @@ class PipelineConfig(_Section):
         description="Chunks in flight per I/O path (the direct device, the page-cache files).",
     )
     max_chunk: Size = Field(
-        default=2**20, gt=0, description="Largest single I/O; the target's MDTS may lower it."
+        default=2**20,
+        gt=0,
+        description=(
+            "Largest single command to the direct target; its MDTS may lower it. "
+            "Page-cache files cut their own memory copies."
+        ),
     )
     strategy: Strategy = Field(
         default="auto", description="Overlap strategy; auto probes decode 2 and 3."

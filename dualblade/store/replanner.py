@@ -59,15 +59,10 @@ SETTLE_S = 0.25
 class Replanner:
     """The store's re-planning task (see the module docstring)."""
 
-    def __init__(
-        self,
-        ledger: ResidencyLedger,
-        contexts: Mapping[int, KVContext],
-        readings: LowWatermark | None = None,
-    ) -> None:
+    def __init__(self, ledger: ResidencyLedger, contexts: Mapping[int, KVContext]) -> None:
         self.ledger = ledger
         self._contexts = contexts
-        self._readings = readings or LowWatermark()
+        self._readings = LowWatermark()
         self._wakeup = anyio.Event()
         self._idle = anyio.Event()
         self._idle.set()
