@@ -28,7 +28,7 @@ MIN_COPY_BYTES = 1 << 20
 #: a resident OPT-6.7B cache to the GPU in 64 MiB pieces (``pipebench --path page-cache``, 4 copy
 #: threads): 1 MiB commands for every request (the device's chunk, as before) reached 21-23.5
 #: GB/s, 8 MiB 26-31 GB/s, 32 MiB 22-25. Here (2 cores, 3.3 MB layers) 1 MiB commands beat one
-#: command per layer: 0.71-0.81 of the limit against 0.67-0.75 (docs/bench.md).
+#: command per layer: 0.70-0.81 of the limit against 0.67-0.75 (docs/bench.md).
 PAGE_CACHE_CHUNK = 8 << 20
 
 
