@@ -22,6 +22,15 @@ Three passes, each of them repeated and the fastest taken (noise only ever slows
   (left dropped). On this VM such reads, readahead and all, can beat O_DIRECT at the same queue
   depth, so the direct rate is no bound for them.
 
+A run on a GPU has a fourth pass, ``to_device``: the resident files moved all the way to the
+device as :mod:`.page_cache_limit` moves them (plain threads, ``preadv`` into pinned pieces, each
+copied on a stream of its own; the best of 1, 2, 4 ... threads up to the cores). A hit costs a
+CUDA decode that copy as well as the one out of the page cache, and the two share the host's
+memory: on the H200 machine the copy out of the page cache alone ran at 58-63 GB/s and the whole
+move at 29-46, so a floor of the host copy alone was no floor for the all-fits regime. The
+pieces are carved from the floor's own buffer (pinned for the pass), not allocated: inside the
+run's memory limit, new pinned memory would push the run's own pages out of the cache.
+
 The baseline reaches its files through a memory map, a whole KPU copied by one thread (page
 faults and the kernel's readahead for maps), not through the engine; its two file passes copy
 through the map the same way. Read through the engine instead, 32 chunks of 1 MiB at once,
@@ -44,7 +53,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+import torch
 
+from dualblade.bench.page_cache_limit import FileToMove, measure_page_cache_limit
 from dualblade.io_engine import AlignedBuffer, PageCacheFile
 from dualblade.pipeline import KpuId, Medium
 from dualblade.store import KVContext, KVStore
@@ -87,6 +98,8 @@ class FloorRates:
     direct: PassTime | None = None
     resident: PassTime | None = None
     file_disk: PassTime | None = None
+    #: the resident files moved to the GPU (a CUDA run only); prices the hits when present
+    to_device: PassTime | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +108,7 @@ class FloorRates:
                 ("direct", self.direct),
                 ("resident", self.resident),
                 ("file_disk", self.file_disk),
+                ("to_device", self.to_device),
             )
         }
 
@@ -145,9 +159,12 @@ def decode_floor(reads: DecodeReads, rates: FloorRates) -> dict[str, Any]:
     if misses:
         assert disk_rate_for_misses is not None
         disk_s += misses / disk_rate_for_misses.rate
-    memory_s = reads.resident / rates.resident.rate if rates.resident else 0.0
+    hits = rates.to_device or rates.resident  # on a GPU a hit is only done on the device
+    memory_s = reads.resident / hits.rate if hits else 0.0
     detail.update(disk_s=round(disk_s, 4), memory_s=round(memory_s, 4))
-    if reads.resident and rates.resident is None:
+    if rates.to_device is not None:
+        detail["memory_part"] = "hits moved to the device"
+    if reads.resident and hits is None:
         # Still a lower bound, only a looser one: the floor is the disk part alone.
         detail["note"] = "no resident file could be timed: the memory part counts as 0"
     return {
@@ -235,10 +252,30 @@ async def _direct_pass(
     return await _timed(requests, read, memory, store.read_parallelism, repeats)
 
 
+async def _to_device_pass(
+    resident: list[tuple[PageCacheFile, int]],
+    device: torch.device,
+    memory: AlignedBuffer,
+    repeats: int,
+) -> PassTime:
+    """The resident files moved to ``device`` (see the module), each repetition's time that of
+    its best thread count."""
+    files = [FileToMove(file.fd, nbytes) for file, nbytes in resident]
+    nbytes = sum(file.nbytes for file in files)
+    seconds = []
+    for _ in range(repeats):
+        runs = await anyio.to_thread.run_sync(
+            lambda: measure_page_cache_limit(files, device, passes=1, memory=memory)
+        )
+        seconds.append(nbytes / max(run.bytes_per_s for run in runs))
+    return PassTime(nbytes, tuple(seconds))
+
+
 async def _file_passes(
     store: KVStore, ctx: KVContext, memory: Sequence[AlignedBuffer], repeats: int
-) -> tuple[PassTime | None, PassTime | None]:
-    """The resident pass, and the cold pass over the files that are not resident."""
+) -> tuple[PassTime | None, PassTime | None, PassTime | None]:
+    """The resident pass, the cold pass over the files that are not resident and, on a GPU,
+    the resident files' move to the device."""
     files = [(f, n) for f, n in await page_cache_reads(ctx) if n > 0]
     resident = [(f, n) for f, n in files if f.resident_bytes(0, n) >= n]
     cold = [(f, n) for f, n in files if (f, n) not in resident]
@@ -273,11 +310,14 @@ async def _file_passes(
                 file.mmap().madvise(mmap.MADV_DONTNEED, 0, nbytes)
             file.advise_dontneed(0, nbytes)
 
-    resident_pass = cold_pass = None
+    resident_pass = cold_pass = device_pass = None
     if resident:
         resident_pass = await _timed(
             requests(resident), reader(resident), memory, in_flight, repeats
         )
+        if store.device.type == "cuda":
+            largest = max(memory, key=lambda buffer: buffer.size)
+            device_pass = await _to_device_pass(resident, store.device, largest, repeats)
     if cold:
         # A miss the way the page-cache path meets one: a buffered read of pages not in the
         # cache (readahead included), each repetition from a dropped cache.
@@ -285,7 +325,7 @@ async def _file_passes(
             requests(cold), reader(cold), memory, in_flight, repeats, before=drop_cold
         )
         drop_cold()
-    return resident_pass, cold_pass
+    return resident_pass, cold_pass, device_pass
 
 
 async def measure_floor_rates(
@@ -301,5 +341,5 @@ async def measure_floor_rates(
     if not memory:
         raise ValueError("the floor's passes need at least one host buffer")
     direct = await _direct_pass(store, ctx, memory, repeats)
-    resident, file_disk = await _file_passes(store, ctx, memory, repeats)
-    return FloorRates(direct, resident, file_disk)
+    resident, file_disk, to_device = await _file_passes(store, ctx, memory, repeats)
+    return FloorRates(direct, resident, file_disk, to_device)

@@ -9,7 +9,9 @@ piece to the device on a CUDA stream of its own; on the host the copy goes into 
 best rate over :func:`thread_counts` (powers of two up to the machine's cores).
 
 The pieces are as large as the pipeline's (64 MiB on CUDA, 4 MiB on the host), so neither side
-pays more calls per byte than the other.
+pays more calls per byte than the other. A caller that must not allocate (a run's floor, measured
+inside its memory limit, where new pinned memory would push the run's own pages out) hands in
+one buffer instead, and the pieces are carved from it: smaller, and no other memory is used.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dualblade.io_engine import AlignedBuffer
 
 CUDA_PIECE_BYTES = 64 << 20
 HOST_PIECE_BYTES = 4 << 20
+#: Pieces carved from a caller's buffer are whole pages.
+_PAGE = 4096
 
 
 def thread_counts() -> tuple[int, ...]:
@@ -52,17 +56,26 @@ class LimitRun:
 
 
 class _Mover:
-    """One thread's pinned pieces, stream and device destination."""
+    """One thread's two pinned pieces, stream and device destination. The pieces are its own
+    (``pieces`` None) or views of a caller's buffer, which the mover neither pins nor frees."""
 
-    def __init__(self, device: torch.device, piece_bytes: int) -> None:
+    def __init__(
+        self,
+        device: torch.device,
+        piece_bytes: int,
+        pieces: Sequence[tuple[memoryview, torch.Tensor]] | None = None,
+    ) -> None:
         self.device = device
-        self.pieces = [AlignedBuffer(piece_bytes) for _ in range(2)]
         cuda = device.type == "cuda"
-        if cuda:
-            for piece in self.pieces:
-                piece.pin_for_cuda()
-        self.sources = [piece.tensor() for piece in self.pieces]
-        self.views = [piece.view for piece in self.pieces]
+        self.owned: list[AlignedBuffer] = []
+        if pieces is None:
+            self.owned = [AlignedBuffer(piece_bytes) for _ in range(2)]
+            if cuda:
+                for piece in self.owned:
+                    piece.pin_for_cuda()
+            pieces = [(piece.view, piece.tensor()) for piece in self.owned]
+        self.views = [view for view, _ in pieces]
+        self.sources = [tensor for _, tensor in pieces]
         self.destination = torch.empty(piece_bytes, dtype=torch.uint8, device=device)
         self.stream = torch.cuda.Stream(device=device) if cuda else None  # type: ignore[no-untyped-call]
         self.done: list[torch.cuda.Event | None] = [None, None]
@@ -100,7 +113,7 @@ class _Mover:
     def close(self) -> None:
         self.sources.clear()  # they alias the pieces, which cannot unmap under them
         self.views.clear()
-        for piece in self.pieces:
+        for piece in self.owned:
             piece.close()
 
 
@@ -131,21 +144,47 @@ def _one_count(
     return time.perf_counter() - start
 
 
+def _carved(
+    memory: AlignedBuffer, movers: int, piece_bytes: int, device: torch.device
+) -> tuple[int, list[list[tuple[memoryview, torch.Tensor]]]]:
+    """Two pieces per mover out of ``memory`` (pinned first, on CUDA): the piece size, and
+    each mover's pieces."""
+    piece_bytes = min(piece_bytes, memory.size // (2 * movers) // _PAGE * _PAGE)
+    if piece_bytes <= 0:
+        raise ValueError(
+            f"a {memory.size}-byte buffer cannot hold two pieces for each of {movers} threads"
+        )
+    if device.type == "cuda":
+        memory.pin_for_cuda()
+    whole = memory.tensor()
+    cut = [
+        (memory.view[start : start + piece_bytes], whole[start : start + piece_bytes])
+        for start in range(0, 2 * movers * piece_bytes, piece_bytes)
+    ]
+    return piece_bytes, [cut[2 * index : 2 * index + 2] for index in range(movers)]
+
+
 def measure_page_cache_limit(
     files: Sequence[FileToMove],
     device: torch.device,
     *,
     passes: int,
     counts: Sequence[int] | None = None,
+    memory: AlignedBuffer | None = None,
 ) -> list[LimitRun]:
     """Each thread count's rate (default: :func:`thread_counts`) for moving ``files`` to
     ``device`` ``passes`` times (blocking: run it in a worker thread). The files' pages should be
-    resident (see the module)."""
+    resident (see the module). ``memory``: carve every thread's pieces from this buffer and
+    allocate no host memory (raises ValueError if it is too small for two pages a thread)."""
     counts = thread_counts() if counts is None else counts
     piece_bytes = CUDA_PIECE_BYTES if device.type == "cuda" else HOST_PIECE_BYTES
     piece_bytes = min(piece_bytes, max(file.nbytes for file in files))
     moved = sum(file.nbytes for file in files) * passes
-    movers = [_Mover(device, piece_bytes) for _ in range(max(counts))]
+    if memory is None:
+        movers = [_Mover(device, piece_bytes) for _ in range(max(counts))]
+    else:
+        piece_bytes, pieces = _carved(memory, max(counts), piece_bytes, device)
+        movers = [_Mover(device, piece_bytes, mine) for mine in pieces]
     try:
         return [
             LimitRun(count, moved / _one_count(files, movers[:count], passes, piece_bytes))

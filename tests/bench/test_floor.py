@@ -7,12 +7,14 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from dualblade.bench.floor import (
     DecodeReads,
     FloorRates,
     PassTime,
     _copy_through_map,
+    _to_device_pass,
     decode_floor,
     measure_floor_rates,
 )
@@ -65,6 +67,39 @@ def test_misses_are_priced_at_the_faster_disk_rate() -> None:
     reads = DecodeReads(direct=2 * GB, page_cache=2 * GB, resident=0)
     rates = FloorRates(direct=_rate(1 * GB), file_disk=_rate(2 * GB))
     assert decode_floor(reads, rates)["floor"]["disk_s"] == pytest.approx(2.0 + 1.0)
+
+
+def test_on_a_gpu_the_hits_are_priced_at_their_move_to_the_device() -> None:
+    """The host copy out of the page cache alone is faster than the whole move: a CUDA run's
+    hits are priced at the move, and the report says so."""
+    reads = DecodeReads(direct=1 * GB, page_cache=6 * GB, resident=6 * GB)
+    rates = FloorRates(direct=_rate(2 * GB), resident=_rate(60 * GB), to_device=_rate(30 * GB))
+    floor = decode_floor(reads, rates)
+    assert floor["floor"]["memory_s"] == pytest.approx(0.2)
+    assert floor["floor_s"] == pytest.approx(0.5)  # the disk part, 1 GB at 2 GB/s, is larger
+    assert floor["floor"]["memory_part"] == "hits moved to the device"
+    assert floor["floor"]["passes"]["to_device"]["bytes_per_s"] == 30 * GB
+
+
+@pytest.mark.anyio
+async def test_the_move_to_the_device_times_every_resident_byte(tmp_path: Path) -> None:
+    """The pass moves each resident file's bytes (here to host memory, the CPU fallback) once
+    per repetition, in pieces of the buffer it is given."""
+    sizes = [3 * 4096 + 512, 5 * 4096]
+    files = [PageCacheFile(tmp_path / f"f{i}.kv", 8 * 4096) for i in range(2)]
+    try:
+        for file, nbytes in zip(files, sizes, strict=True):
+            os.pwrite(file.fd, os.urandom(nbytes), 0)
+        with AlignedBuffer(64 * 4096, huge=False) as memory:
+            moved = await _to_device_pass(
+                list(zip(files, sizes, strict=True)), torch.device("cpu"), memory, repeats=2
+            )
+        assert moved.nbytes == sum(sizes)
+        assert len(moved.seconds) == 2
+        assert all(seconds > 0 for seconds in moved.seconds)
+    finally:
+        for file in files:
+            file.close()
 
 
 def _config(tmp_path: Path, policy: str) -> PipelineConfig:
@@ -138,6 +173,7 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
         assert rates.file_disk.nbytes == 2 * 2 * kpu
     else:  # nothing the decode read from the page cache has left it
         assert rates.file_disk is None
+    assert rates.to_device is None  # a host run: its hits end in host memory
     if policy in ("dual", "page-cache", "cache-policy"):
         # the layers kept resident (cache-policy drops the ones beyond its budget)
         assert rates.resident is not None

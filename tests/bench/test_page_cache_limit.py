@@ -10,6 +10,7 @@ import torch
 
 from dualblade.bench import page_cache_limit
 from dualblade.bench.page_cache_limit import FileToMove, measure_page_cache_limit
+from dualblade.io_engine import AlignedBuffer
 
 
 def _file(path: Path, nbytes: int, seed: int) -> tuple[int, bytes]:
@@ -67,3 +68,59 @@ def test_thread_counts_go_up_to_the_cores(monkeypatch) -> None:
     assert page_cache_limit.thread_counts() == (1, 2, 4)
     monkeypatch.setattr(os, "cpu_count", lambda: 1)
     assert page_cache_limit.thread_counts() == (1, 2)
+
+
+def test_pieces_carved_from_a_callers_buffer_move_every_byte_and_allocate_none(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """A run's floor moves its files through its own buffer: every piece is a page-aligned
+    slice of it, the files' bytes arrive whole, and no buffer of the mover's own is made."""
+    opened = [_file(tmp_path / f"f{i}", (90 + 41 * i) << 10, i) for i in range(3)]
+    memory = AlignedBuffer(8 * 4096 + 100, huge=False)  # two pieces of 4 KiB for 4 threads
+    moved: list[bytes] = []
+    real_copy = page_cache_limit._Mover._copy
+
+    def spy(self: page_cache_limit._Mover, slot: int, nbytes: int) -> None:
+        assert len(self.views[slot]) == 4096
+        moved.append(bytes(self.views[slot][:nbytes]))
+        real_copy(self, slot, nbytes)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the mover allocated a buffer of its own")
+
+    monkeypatch.setattr(page_cache_limit._Mover, "_copy", spy)
+    monkeypatch.setattr(page_cache_limit, "AlignedBuffer", refuse)
+    try:
+        files = [FileToMove(fd, len(content)) for fd, content in opened]
+        runs = measure_page_cache_limit(
+            files, torch.device("cpu"), passes=1, counts=(1, 4), memory=memory
+        )
+    finally:
+        for fd, _ in opened:
+            os.close(fd)
+    assert [run.threads for run in runs] == [1, 4]
+    expected = [
+        content[offset : offset + 4096]
+        for _, content in opened
+        for offset in range(0, len(content), 4096)
+    ] * 2  # once for each thread count
+    assert sorted(moved) == sorted(expected)
+    memory.close()  # nothing aliases the buffer any more
+
+
+def test_a_buffer_too_small_for_two_pages_a_thread_is_refused(tmp_path: Path) -> None:
+    fd, content = _file(tmp_path / "f", 64 << 10, 1)
+    try:
+        with (
+            AlignedBuffer(4096, huge=False) as memory,
+            pytest.raises(ValueError, match="two pieces for each of 2 threads"),
+        ):
+            measure_page_cache_limit(
+                [FileToMove(fd, len(content))],
+                torch.device("cpu"),
+                passes=1,
+                counts=(1, 2),
+                memory=memory,
+            )
+    finally:
+        os.close(fd)
