@@ -122,7 +122,8 @@ class DualBladeLayer(CacheLayerMixin):  # type: ignore[no-untyped-call]  # untyp
             if new:
                 pipeline.raise_failed_writes(layer)
                 k_rows, v_rows = _to_rows(key_states), _to_rows(value_states)
-                pipeline.write_behind(layer, context.write_soon(layer, k_rows, v_rows))
+                written = context.write_soon(layer, k_rows, v_rows)
+                pipeline.write_behind(layer, written, whole_layer=True)
                 self.rows = new
             return key_states, value_states
         old_k, old_v = pipeline.read(context, layer, self.rows)
