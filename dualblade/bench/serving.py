@@ -3,8 +3,11 @@
 Each (policy, limit) run is a process of its own (:mod:`.serving_worker`) in a fresh memory
 cgroup, started from a cold page cache, serving the same seeded requests
 (:mod:`.serving_requests`) on one store: staggered arrivals, each a prefill then decode steps,
-all in flight at once. Limits ascend; the policies' order rotates from limit to limit so the
-disk's drift hits each alike. A run the OOM killer ends is recorded with its count.
+all in flight at once. Every (policy, limit) runs :data:`SERVING_REPEATS` times by default and
+the report takes medians (:func:`dualblade.bench.serving_report.combine_repeats`). Limits
+ascend; at each limit the policies take turns, their order rotating from round to round and
+from limit to limit, so the disk's drift hits each alike. A run the OOM killer ends is recorded
+with its count.
 
 :func:`run_in_cgroup` is the isolation both service presets use (the pressure preset too).
 """
@@ -59,6 +62,10 @@ SERVING_REQUESTS: dict[str, Any] = {
     "new_tokens": 12,
 }
 SERVING_LIMITS: tuple[int, ...] = (640 * MiB, 768 * MiB)
+#: Runs of each (policy, limit). One run each made the claims a coin toss: on this VM's disk
+#: direct's tokens/s moved 24.7-37.4 and the baseline's 18.3-24.7 between invocations of one
+#: tree (docs/serving-bench.md), while the claims compare dual with them at 1.0x and 1.5x.
+SERVING_REPEATS = 3
 
 
 @dataclass
@@ -74,6 +81,7 @@ class ServingPlan:
     compute: dict[str, Any] | None = None
     keep_files: bool = False
     seed: int = 0
+    repeats: int = 1
     label: str = "preset serving"
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -90,15 +98,21 @@ def serving_plan(
     device: str | None = None,
     compute: str | None = None,
     keep_files: bool = False,
+    repeats: int | None = None,
 ) -> ServingPlan:
-    """The preset's plan with the user's overrides.
+    """The preset's plan with the user's overrides (``repeats``: default
+    :data:`SERVING_REPEATS`).
 
     ``compute``: an OPT preset (random weights) whose shape the store takes and whose engine
     serves the requests instead of synthetic traffic.
 
     Raises:
-        ConfigError: an unknown policy, no limit, or a request shape the store cannot hold.
+        ConfigError: an unknown policy, no limit, fewer than one repeat, or a request shape the
+            store cannot hold.
     """
+    repeats = SERVING_REPEATS if repeats is None else repeats
+    if repeats < 1:
+        raise ConfigError(f"--repeats: at least 1 run per (policy, limit), got {repeats}")
     pipeline: dict[str, Any] = json.loads(json.dumps(SERVING_PIPELINE))
     knobs = dict(SERVING_REQUESTS)
     if new_tokens is not None:
@@ -129,6 +143,7 @@ def serving_plan(
         compute=compute_spec,
         keep_files=keep_files,
         seed=seed,
+        repeats=repeats,
     )
     check_policies(plan.policies, plan.limits)
     return plan
@@ -147,12 +162,16 @@ def check_policies(policies: list[str], limits: list[int]) -> None:
         )
 
 
-def run_order(policies: list[str], limits: list[int]) -> list[tuple[int, str]]:
-    """``(limit, policy)``: limits ascending, the policies rotated by one at every limit."""
-    order: list[tuple[int, str]] = []
+def run_order(
+    policies: list[str], limits: list[int], repeats: int = 1
+) -> list[tuple[int, str, int]]:
+    """``(limit, policy, repeat)``: limits ascending; at each limit ``repeats`` rounds of every
+    policy, the order rotated by one from round to round and from limit to limit."""
+    order: list[tuple[int, str, int]] = []
     for turn, limit in enumerate(sorted(limits)):
-        k = turn % len(policies)
-        order.extend((limit, policy) for policy in policies[k:] + policies[:k])
+        for repeat in range(repeats):
+            k = (turn + repeat) % len(policies)
+            order.extend((limit, policy, repeat) for policy in policies[k:] + policies[:k])
     return order
 
 
@@ -228,10 +247,10 @@ def _noop(_label: str, _done: int, _total: int) -> None:
 def run_serving(plan: ServingPlan, progress: ProgressFn = _noop) -> list[dict[str, Any]]:
     """Every (policy, limit) of ``plan`` in its own cgroup; returns the run records."""
     plan.work_dir.mkdir(parents=True, exist_ok=True)
-    order = run_order(plan.policies, plan.limits)
+    order = run_order(plan.policies, plan.limits, plan.repeats)
     records = []
     try:
-        for index, (limit, policy) in enumerate(order):
+        for index, (limit, policy, repeat) in enumerate(order):
             progress(f"{policy}@{limit >> 20}MiB", index, len(order))
             pipeline = json.loads(json.dumps(plan.pipeline))
             pipeline["policy"] = policy
@@ -245,7 +264,7 @@ def run_serving(plan: ServingPlan, progress: ProgressFn = _noop) -> list[dict[st
             }
             name = f"serving-{index:02d}-{policy}"
             record = run_in_cgroup("serving_worker", spec, limit, name, plan.work_dir)
-            record.update(policy=policy, limit_bytes=limit)
+            record.update(policy=policy, limit_bytes=limit, repeat=repeat)
             records.append(record)
         progress("done", len(order), len(order))
     finally:

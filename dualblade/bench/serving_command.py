@@ -67,14 +67,13 @@ def run_serving_bench(
     from dualblade.bench.serving import run_serving, serving_plan, storage_for
     from dualblade.bench.serving_plots import write_serving_plots
     from dualblade.bench.serving_report import (
+        combine_repeats,
         evaluate_serving_claims,
         serving_table,
         summarize_run,
     )
     from dualblade.pipeline import config_from_mapping
 
-    if options.get("repeats") not in (None, 1):
-        raise ConfigError("--repeats: the serving preset runs each (policy, limit) once")
     steps = options.get("steps")
     plan = serving_plan(
         work_dir=work_dir_for(options, "serving"),
@@ -85,10 +84,11 @@ def run_serving_bench(
         device=options.get("device"),
         compute=options.get("compute"),
         keep_files=bool(options.get("keep_files")),
+        repeats=options.get("repeats"),
     )
     need_cgroups()
     runs = run_serving(plan, progress)
-    results = [summarize_run(r) for r in runs]
+    results = combine_repeats([summarize_run(r) for r in runs])
     claims = evaluate_serving_claims(results)
     config = config_from_mapping(
         {**plan.pipeline, "storage": storage_for(plan.work_dir)}, source="serving", env={}
@@ -106,6 +106,7 @@ def run_serving_bench(
             {
                 "policies": plan.policies,
                 "limits_bytes": plan.limits,
+                "repeats": plan.repeats,
                 "pipeline": plan.pipeline,
                 "compute": plan.compute,
             },

@@ -91,6 +91,8 @@ def write_serving_plots(
             continue
         ts = [s[0] for s in run["residency"]]
         limit = f"{run['limit_bytes'] / MiB:.0f} MiB"
+        if "repeat" in run:
+            limit += f", run {run['repeat'] + 1}"
         (line,) = ax.plot(
             ts, [s[1] / MiB for s in run["residency"]], lw=1, label=f"resident @ {limit}"
         )

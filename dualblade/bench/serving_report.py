@@ -4,7 +4,9 @@ Per run (:func:`summarize_run`): tokens/s (every sequence's new tokens over the 
 first arrival to the last request's end), time to first token per request (arrival to the end
 of its prefill, its wait for a turn included), per-step latency p50/p99 over every request's
 decode steps, the page-cache residency of the store's files (``mincore``) against the ledger's
-budget at each sample, and the OOM kills of its cgroup.
+budget at each sample, and the OOM kills of its cgroup. :func:`combine_repeats` then makes one
+row per (policy, limit) of its repeated runs: the median tokens/s, step percentiles over every
+run's steps, and the worst of what must hold in every run (residency, OOM kills, errors).
 
 :func:`evaluate_serving_claims` judges issue 14's rules at every limit: dual's tokens/s at least
 1.5 × baseline's and 1.0 × the better of direct and cache-policy, its sampled residency never
@@ -15,6 +17,7 @@ that cannot be judged (a policy missing or failed) fails with a message saying s
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,6 +83,7 @@ def summarize_run(record: dict[str, Any]) -> dict[str, Any]:
         "ttft_p50_s": percentile(ttft, 50),
         "ttft_max_s": max(ttft),
         "step_count": len(steps),
+        "step_s": steps,
         "step_p50_s": percentile(steps, 50),
         "step_p99_s": percentile(steps, 99),
         "step_max_s": max(steps, default=None),
@@ -91,6 +95,72 @@ def summarize_run(record: dict[str, Any]) -> dict[str, Any]:
         "failed_moves": ledger.get("failed_moves", 0),
         "strategy": record.get("strategy"),
     }
+
+
+def _combined_residency(parts: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    ratios = [p["max_ratio"] for p in parts if p.get("max_ratio") is not None]
+    firsts = [p["first_over_s"] for p in parts if p.get("first_over_s") is not None]
+    return {
+        "samples": sum(p["samples"] for p in parts),
+        "max_resident_bytes": max((p["max_resident_bytes"] for p in parts), default=0),
+        "max_over_budget_bytes": max((p["max_over_budget_bytes"] for p in parts), default=0),
+        "max_ratio": max(ratios, default=None),
+        "samples_over": sum(p["samples_over"] for p in parts),
+        "first_over_s": firsts[0] if firsts else None,
+        "ok": all(p["ok"] for p in parts),
+    }
+
+
+def combine_repeats(summaries: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (policy, limit) of the runs' summaries (:func:`summarize_run`).
+
+    Rates are medians over the runs (``tokens_per_s_runs`` keeps each); step percentiles and
+    TTFTs are over every run's requests; what must hold in every run holds only if it held in
+    each: the residency (samples summed, the worst ratio), OOM kills (summed), and a failed run
+    fails the row (its ``error``). ``runs``: how many runs the row stands for.
+    """
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for summary in summaries:
+        groups.setdefault((summary["policy"], summary["limit_bytes"]), []).append(summary)
+    rows = []
+    for (policy, limit), runs in groups.items():
+        base = {
+            "policy": policy,
+            "limit_bytes": limit,
+            "runs": len(runs),
+            "oom_kills": sum(r.get("oom_kills", 0) for r in runs),
+            "cgroup_peak_bytes": max((r.get("cgroup_peak_bytes") or 0 for r in runs), default=0),
+        }
+        failed = [r for r in runs if "error" in r]
+        if failed:
+            rows.append(
+                {**base, "error": f"{len(failed)} of {len(runs)} runs failed: {failed[0]['error']}"}
+            )
+            continue
+        steps = [s for r in runs for s in r["step_s"]]
+        ttft = [t for r in runs for t in r["ttft_s"]]
+        rates = [r["tokens_per_s"] for r in runs if r.get("tokens_per_s") is not None]
+        hits = [r["hit_rate"] for r in runs if r.get("hit_rate") is not None]
+        rows.append(
+            {
+                **base,
+                "tokens_per_s": statistics.median(rates) if rates else None,
+                "tokens_per_s_runs": rates,
+                "ttft_s": ttft,
+                "ttft_p50_s": percentile(ttft, 50),
+                "ttft_max_s": max(ttft),
+                "step_count": len(steps),
+                "step_p50_s": percentile(steps, 50),
+                "step_p99_s": percentile(steps, 99),
+                "step_max_s": max(steps, default=None),
+                "hit_rate": statistics.median(hits) if hits else None,
+                "residency": _combined_residency([r["residency"] for r in runs]),
+                "demotions": statistics.median(r["demotions"] for r in runs),
+                "promotions": statistics.median(r["promotions"] for r in runs),
+                "failed_moves": sum(r["failed_moves"] for r in runs),
+            }
+        )
+    return rows
 
 
 def _at(results: list[dict[str, Any]], policy: str, limit: int) -> dict[str, Any] | None:
@@ -181,8 +251,8 @@ def _fmt(value: float | None) -> str:
 def serving_table(results: list[dict[str, Any]]) -> str:
     """One row per (limit, policy)."""
     lines = [
-        "| limit MiB | policy | tokens/s | TTFT p50 / max s | step p50 / p99 s | hit rate "
-        "| resident max MiB (÷ budget) | moves (dem./prom.) | OOM kills |",
+        "| limit MiB | policy | tokens/s (each run) | TTFT p50 / max s | step p50 / p99 s "
+        "| hit rate | resident max MiB (÷ budget) | moves (dem./prom.) | OOM kills |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in sorted(results, key=lambda r: (r["limit_bytes"], r["policy"])):
@@ -194,9 +264,16 @@ def serving_table(results: list[dict[str, Any]]) -> str:
         ratio = "" if res["max_ratio"] is None else f" ({res['max_ratio']:.2f})"
         hit = "" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
         lines.append(
-            head + f"| {r['tokens_per_s']:.1f} | {r['ttft_p50_s']:.2f} / {r['ttft_max_s']:.2f} "
+            head + f"| {r['tokens_per_s']:.1f}{_each(r)} "
+            f"| {r['ttft_p50_s']:.2f} / {r['ttft_max_s']:.2f} "
             f"| {r['step_p50_s']:.3f} / {r['step_p99_s']:.3f} | {hit} "
             f"| {res['max_resident_bytes'] / MiB:.0f}{ratio} "
-            f"| {r['demotions']}/{r['promotions']} | {r['oom_kills']} |"
+            f"| {r['demotions']:g}/{r['promotions']:g} | {r['oom_kills']} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def _each(row: dict[str, Any]) -> str:
+    """`` (a, b, c)``: each run's tokens/s behind a median of several."""
+    rates = row.get("tokens_per_s_runs") or []
+    return f" ({', '.join(f'{rate:.1f}' for rate in rates)})" if len(rates) > 1 else ""

@@ -11,6 +11,7 @@ import torch
 
 from dualblade.bench.serving import run_order
 from dualblade.bench.serving_report import (
+    combine_repeats,
     evaluate_serving_claims,
     percentile,
     serving_table,
@@ -50,7 +51,95 @@ def test_a_request_without_a_decode_step_is_refused() -> None:
 
 def test_policies_rotate_from_limit_to_limit() -> None:
     order = run_order(["a", "b", "c"], [2, 1])
-    assert order == [(1, "a"), (1, "b"), (1, "c"), (2, "b"), (2, "c"), (2, "a")]
+    assert order == [(1, "a", 0), (1, "b", 0), (1, "c", 0), (2, "b", 0), (2, "c", 0), (2, "a", 0)]
+
+
+def test_repeated_rounds_rotate_so_no_policy_always_goes_first() -> None:
+    order = run_order(["a", "b", "c"], [1, 2], repeats=3)
+    at_one = [(policy, repeat) for limit, policy, repeat in order if limit == 1]
+    assert at_one == [
+        ("a", 0), ("b", 0), ("c", 0),
+        ("b", 1), ("c", 1), ("a", 1),
+        ("c", 2), ("a", 2), ("b", 2),
+    ]  # fmt: skip
+    assert [limit for limit, _, _ in order] == [1] * 9 + [2] * 9
+    firsts = {order[i][1] for i in range(9, 18, 3)}
+    assert firsts == {"a", "b", "c"}
+
+
+def _summary(policy: str, rate: float, steps: list[float], **extra: Any) -> dict[str, Any]:
+    run = {
+        "policy": policy,
+        "limit_bytes": 640 * MiB,
+        "oom_kills": 0,
+        "tokens_per_s": rate,
+        "ttft_s": [0.5, 0.7],
+        "step_s": steps,
+        "hit_rate": 0.2,
+        "residency": {
+            "samples": 5,
+            "max_resident_bytes": 100,
+            "max_over_budget_bytes": -10,
+            "max_ratio": 0.9,
+            "samples_over": 0,
+            "first_over_s": None,
+            "ok": True,
+        },
+        "demotions": 2,
+        "promotions": 3,
+        "failed_moves": 0,
+    }
+    run.update(extra)
+    return run
+
+
+def test_repeats_combine_into_medians_and_every_run_must_hold() -> None:
+    over = {
+        "samples": 4,
+        "max_resident_bytes": 130,
+        "max_over_budget_bytes": 20,
+        "max_ratio": 1.2,
+        "samples_over": 1,
+        "first_over_s": 0.4,
+        "ok": False,
+    }
+    runs = [
+        _summary("dual", 30.0, [0.1, 0.2]),
+        _summary("dual", 40.0, [0.3], residency=over, oom_kills=1),
+        _summary("dual", 20.0, [0.4, 0.5]),
+        _summary("direct", 25.0, [0.2]),
+    ]
+    rows = {row["policy"]: row for row in combine_repeats(runs)}
+    dual = rows["dual"]
+    assert dual["runs"] == 3
+    assert dual["tokens_per_s"] == 30.0  # the median, not the mean (30.0 too) or the best
+    assert dual["tokens_per_s_runs"] == [30.0, 40.0, 20.0]
+    assert dual["step_count"] == 5
+    assert dual["step_p50_s"] == pytest.approx(0.3)  # over every run's steps
+    assert len(dual["ttft_s"]) == 6
+    assert dual["residency"]["ok"] is False  # one run above its budget fails the limit
+    assert dual["residency"]["max_ratio"] == 1.2
+    assert dual["residency"]["samples"] == 14
+    assert dual["oom_kills"] == 1
+    assert rows["direct"]["runs"] == 1
+    assert "(30.0, 40.0, 20.0)" in serving_table([dual])
+    claims = evaluate_serving_claims(list(rows.values()))
+    assert any("ledger budget" in why for why in claims["failed"])
+
+
+def test_one_failed_run_fails_its_row() -> None:
+    runs = [
+        _summary("dual", 30.0, [0.1]),
+        {
+            "policy": "dual",
+            "limit_bytes": 640 * MiB,
+            "oom_kills": 1,
+            "error": "killed by the OOM killer",
+        },
+    ]
+    (row,) = combine_repeats(runs)
+    assert "1 of 2 runs failed: killed by the OOM killer" in row["error"]
+    assert row["oom_kills"] == 1
 
 
 def _result(policy: str, limit: int, tokens_per_s: float, **extra: Any) -> dict[str, Any]:
