@@ -13,7 +13,11 @@ opens or closes and when the budget changes (the budgeter's readings, or
 2. **Promote** into what is free: the context holding the fewest bytes below its target gets
    the next layer of its order; the ledger is charged before a byte goes to the page cache.
    Promotions plan against the lowest budgeter reading of the last second
-   (:mod:`.budget_watermark`), so a reading that does not hold moves nothing in.
+   (:mod:`.budget_watermark`), so a reading that does not hold moves nothing in. A written
+   layer is promoted only while its context has :data:`PAYBACK_ROWS` rows or more left to
+   append (decode steps to come): the move reads the layer from the disk, and the memory limit
+   soon has the kernel write its pages back, so it costs about two of the disk reads that the
+   page cache then saves, one a step.
 
 Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
 reader waits for at most one layer's move. They yield the copy threads to decode steps, except
@@ -54,6 +58,8 @@ BUDGETED_MEDIA: dict[str, tuple[Medium, Medium]] = {
 
 #: Seconds the re-planner waits after a context opens or closes before it moves layers.
 SETTLE_S = 0.25
+#: A written layer is promoted only if its context may still read it this many more steps.
+PAYBACK_ROWS = 3
 
 
 class Replanner:
@@ -138,6 +144,10 @@ class Replanner:
                 if context in skipped or len(charged) >= targets.get(context, 0):
                     continue
                 layer = self.ledger.next_uncharged(context, targets[context])
+                ctx = self._contexts.get(context)
+                if layer is not None and ctx is not None and not _pays_back(ctx, layer):
+                    skipped.add(context)  # its requests end before the move would pay
+                    continue
                 if layer is not None and self.ledger.fits(context, layer, low):
                     bytes_held = self.ledger.snapshot().shares.get(context, 0)
                     candidates.append((bytes_held, context, layer))
@@ -187,6 +197,13 @@ class Replanner:
         if not moved:  # the context closed under the move (or the layer was there already)
             skipped.add(ctx.id)
         return moved or ctx.media[layer] is medium
+
+
+def _pays_back(ctx: KVContext, layer: int) -> bool:
+    """Whether promoting ``layer`` can save the disk more than it costs it: a layer not
+    written yet moves for free; a written one needs :data:`PAYBACK_ROWS` steps to come."""
+    written = ctx.length(layer)
+    return written == 0 or ctx.max_len - written >= PAYBACK_ROWS
 
 
 def _to_demote(ctx: KVContext, charged: list[int]) -> int:

@@ -554,3 +554,37 @@ async def test_a_failed_write_back_is_raised_before_stale_bytes_are_read(
         with pytest.raises(LayerLostError):
             await ctx.read(0)
         await requests.check(ctx, 1)  # the other layers are served
+
+
+async def test_a_written_layer_is_promoted_only_while_its_context_can_repay_the_move(
+    make_config: MakeConfig,
+) -> None:
+    """A promotion of a written layer is a disk read now and a write-back soon: a context
+    with fewer than PAYBACK_ROWS steps to come keeps what it has when the budget grows, and
+    one that still has them gets its layers back."""
+    from dualblade.store.replanner import PAYBACK_ROWS
+
+    config = _config(make_config)
+    requests = Requests(config)
+    async with (
+        open_store(config, device="cpu") as store,
+        store.context() as ending,
+        store.context() as going_on,
+    ):
+        await store.replanned()
+        await requests.prefill(ending, 1)
+        await requests.prefill(going_on, 2)
+        store.set_page_cache_budget(2 * LAYER_BYTES)  # one layer each
+        await store.replanned()
+        assert [ending.resident_layers, going_on.resident_layers] == [1, 1]
+        for step in range(ending.max_len - PROMPT - PAYBACK_ROWS + 1):
+            await requests.decode_step(ending, 700 + step)
+        assert ending.max_len - ending.length(0) == PAYBACK_ROWS - 1
+        assert going_on.max_len - going_on.length(0) >= PAYBACK_ROWS
+        store.set_page_cache_budget(None)
+        await store.replanned()
+        assert ending.resident_layers == 1  # two steps left: the move would not pay
+        assert going_on.resident_layers == 2  # its share back: it has the steps to repay it
+        for ctx in (ending, going_on):
+            for layer in range(LAYERS):
+                await requests.check(ctx, layer)
