@@ -163,6 +163,8 @@ def run_pressure_bench(
         work_dir_for,
     )
 
+    if options.get("repeats") not in (None, 1):
+        raise ConfigError("--repeats: the pressure preset runs each variant once")
     plan = pressure_plan(
         work_dir=work_dir_for(options, "pressure"),
         limits=parse_limits(options.get("memory_limits")),

@@ -250,6 +250,8 @@ def test_the_bench_command_hands_the_service_presets_over(
 
     assert main(["bench", "--preset", "pressure", "--memory-limits", "1GiB,2GiB"]) == 2
     assert "runs at one limit" in capsys.readouterr().err
+    assert main(["bench", "--preset", "pressure", "--repeats", "3"]) == 2
+    assert "runs each variant once" in capsys.readouterr().err
     assert main(["bench", "--preset", "serving", "--policies", "dual,fast"]) == 2
     assert "unknown policies" in capsys.readouterr().err
     assert main(["bench", "configs/default.toml", "--preset", "serving"]) == 2
