@@ -16,8 +16,8 @@ opens or closes and when the budget changes (the budgeter's readings, or
    (:mod:`.budget_watermark`), so a reading that does not hold moves nothing in. A written
    layer is promoted only while its context has :data:`PAYBACK_ROWS` rows or more left to
    append (decode steps to come): the move reads the layer from the disk, and the memory limit
-   soon has the kernel write its pages back, so it costs about two of the disk reads that the
-   page cache then saves, one a step.
+   soon has the kernel write its pages back, so it costs more than the first few of the disk
+   reads that the page cache then saves, one a step.
 
 Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
 reader waits for at most one layer's move. They yield the copy threads to decode steps, except
@@ -59,7 +59,13 @@ BUDGETED_MEDIA: dict[str, tuple[Medium, Medium]] = {
 #: Seconds the re-planner waits after a context opens or closes before it moves layers.
 SETTLE_S = 0.25
 #: A written layer is promoted only if its context may still read it this many more steps.
-PAYBACK_ROWS = 3
+#: The move costs a disk read of the layer, a copy into the page cache and, under a memory
+#: limit, a write-back soon after; it runs while the layer's readers wait, one move at a time.
+#: Each later step saves one disk read of the layer, but on two cores its hit is a memory copy
+#: that competes for the CPU. In the quick preset at 1.69 and 2 GiB (5 new tokens), 3 let the
+#: promotions after the prefill's budget dip land in the second step (0.78-0.92 s against
+#: 0.38-0.60 for the others; decode 2.94-3.19 s at 1.69 GiB), 5 left them out (2.86-2.92 s).
+PAYBACK_ROWS = 5
 
 
 class Replanner:
