@@ -23,7 +23,10 @@ Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_la
 reader waits for at most one layer's move. They yield the copy threads to decode steps, except
 demotions while the ledger is over the budget: the kernel would evict the pages otherwise.
 Arrivals and departures are gathered for :data:`SETTLE_S` before anything moves, so a request
-that comes and goes within it moves nobody's layers (budget changes are acted on at once).
+that comes and goes within it moves nobody's layers (budget changes are acted on at once). A
+budget that falls below what is placed cuts that wait short: a newcomer's own memory often
+lowers the budget just after it opens, and the kernel would evict pages while the re-planner
+waited (the serving preset sampled the page cache 12 % over its budget for 0.2 s).
 A move that fails leaves the layer where it was; the context is skipped until the next
 wake-up, and the failure is logged and counted.
 """
@@ -80,6 +83,7 @@ class Replanner:
         self._idle.set()
         self.enabled = True
         self._settle = 0.0
+        self._over_budget = anyio.Event()  # cuts a settling wait short
 
     def follow_budget(self, budget_bytes: int, *, reading: bool) -> None:
         """A new page-cache budget: the ledger's at once (demotions follow it), and, if it is a
@@ -90,6 +94,8 @@ class Replanner:
             self._readings.observe(budget_bytes)
         else:
             self._readings.reset(budget_bytes)
+        if self.ledger.over_budget_bytes > 0:
+            self._over_budget.set()
         self.wake()
 
     def wake(self, *, settle: bool = False) -> None:
@@ -112,8 +118,10 @@ class Replanner:
             with anyio.move_on_after(self._readings.rises_in() if held else None):
                 await self._wakeup.wait()
             if self._settle:
-                await anyio.sleep(self._settle)
+                with anyio.move_on_after(self._settle):
+                    await self._over_budget.wait()
             self._wakeup = anyio.Event()
+            self._over_budget = anyio.Event()
             skipped: set[int] = set()
             await self._demote(skipped)
             held = await self._promote(skipped)

@@ -589,3 +589,28 @@ async def test_a_written_layer_is_promoted_only_while_its_context_can_repay_the_
         for ctx in (ending, going_on):
             for layer in range(LAYERS):
                 await requests.check(ctx, layer)
+
+
+async def test_a_budget_below_what_is_placed_cuts_a_newcomers_settling_short(
+    make_config: MakeConfig,
+) -> None:
+    """A newcomer opens (the re-planner gathers arrivals for SETTLE_S) and the budget falls
+    below what the first context placed: the demotions start at once, not after the wait,
+    so the kernel is not left to evict the pages meanwhile."""
+    from dualblade.store.replanner import SETTLE_S
+
+    config = _config(make_config)
+    requests = Requests(config)
+    async with open_store(config, device="cpu") as store, store.context() as first:
+        await store.replanned()
+        await requests.prefill(first, 1)
+        assert first.resident_layers == 4
+        async with store.context():
+            start = anyio.current_time()
+            store.set_page_cache_budget(LAYER_BYTES)  # three of first's four layers must go
+            while store.stats().ledger.placed_bytes > LAYER_BYTES:
+                await anyio.sleep(0.002)
+            elapsed = anyio.current_time() - start
+            assert elapsed < SETTLE_S, f"the demotions waited {elapsed:.3f} s for the settling"
+        for layer in range(LAYERS):
+            await requests.check(first, layer)
