@@ -175,7 +175,8 @@ def measure_page_cache_limit(
     """Each thread count's rate (default: :func:`thread_counts`) for moving ``files`` to
     ``device`` ``passes`` times (blocking: run it in a worker thread). The files' pages should be
     resident (see the module). ``memory``: carve every thread's pieces from this buffer and
-    allocate no host memory (raises ValueError if it is too small for two pages a thread)."""
+    allocate no host memory (raises ValueError if it is too small for two pages a thread); on
+    CUDA the buffer is page-locked for the copies and stays so until it is closed."""
     counts = thread_counts() if counts is None else counts
     piece_bytes = CUDA_PIECE_BYTES if device.type == "cuda" else HOST_PIECE_BYTES
     piece_bytes = min(piece_bytes, max(file.nbytes for file in files))
