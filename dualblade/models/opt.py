@@ -31,6 +31,7 @@ import torch.nn.functional as F  # noqa: N812
 
 from dualblade.errors import ConfigError, plain_errors
 from dualblade.models.architecture import POSITION_OFFSET, OptArchitecture
+from dualblade.models.attention import attention
 from dualblade.models.kv import KVCache, KVProvider
 from dualblade.models.weights import LayerWeights, OptWeights
 from dualblade.store import torch_dtype
@@ -133,8 +134,8 @@ class OptModel:
         if past is not None:
             k, v = torch.cat([past[0], k_new]), torch.cat([past[1], v_new])
         dt = self.compute_dtype
-        attn = F.scaled_dot_product_attention(
-            self._heads(q), self._heads(k.to(dt)), self._heads(v.to(dt)), is_causal=past is None
+        attn = attention(
+            self._heads(q), self._heads(k.to(dt)), self._heads(v.to(dt)), causal=past is None
         )
         attn = attn.permute(2, 0, 1, 3).reshape(x.shape)
         x = x + F.linear(attn, lw.o_w, lw.o_b)
