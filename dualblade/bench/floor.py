@@ -77,6 +77,9 @@ class PassTime:
 
     nbytes: int
     seconds: tuple[float, ...]
+    #: ``(threads, bytes per second)``, the best of the repetitions at each thread count, for a
+    #: pass that tries several (``to_device``); its ``seconds`` are those of the best count
+    by_threads: tuple[tuple[int, float], ...] = ()
 
     @property
     def rate(self) -> float:
@@ -84,11 +87,14 @@ class PassTime:
         return self.nbytes / min(self.seconds)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "bytes": self.nbytes,
             "seconds": [round(s, 4) for s in self.seconds],
             "bytes_per_s": round(self.rate),
         }
+        if self.by_threads:
+            out["bytes_per_s_by_threads"] = {str(n): round(rate) for n, rate in self.by_threads}
+        return out
 
 
 @dataclass(frozen=True)
@@ -259,16 +265,20 @@ async def _to_device_pass(
     repeats: int,
 ) -> PassTime:
     """The resident files moved to ``device`` (see the module), each repetition's time that of
-    its best thread count."""
+    its best thread count. Every count's best rate is kept beside it: the store moves its hits
+    with ``copy_threads`` threads, which may be fewer than the best count."""
     files = [FileToMove(file.fd, nbytes) for file, nbytes in resident]
     nbytes = sum(file.nbytes for file in files)
     seconds = []
+    by_threads: dict[int, float] = {}
     for _ in range(repeats):
         runs = await anyio.to_thread.run_sync(
             lambda: measure_page_cache_limit(files, device, passes=1, memory=memory)
         )
         seconds.append(nbytes / max(run.bytes_per_s for run in runs))
-    return PassTime(nbytes, tuple(seconds))
+        for run in runs:
+            by_threads[run.threads] = max(by_threads.get(run.threads, 0.0), run.bytes_per_s)
+    return PassTime(nbytes, tuple(seconds), tuple(sorted(by_threads.items())))
 
 
 async def _file_passes(

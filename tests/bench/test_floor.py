@@ -18,6 +18,7 @@ from dualblade.bench.floor import (
     decode_floor,
     measure_floor_rates,
 )
+from dualblade.bench.page_cache_limit import thread_counts
 from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
 from dualblade.io_engine import AlignedBuffer, PageCacheFile
 from dualblade.pipeline import PipelineConfig, config_from_mapping
@@ -97,6 +98,12 @@ async def test_the_move_to_the_device_times_every_resident_byte(tmp_path: Path) 
         assert moved.nbytes == sum(sizes)
         assert len(moved.seconds) == 2
         assert all(seconds > 0 for seconds in moved.seconds)
+        # every thread count tried is reported, and the pass's rate is the best of them
+        threads = [n for n, _ in moved.by_threads]
+        assert threads == list(thread_counts())
+        assert moved.rate == pytest.approx(max(rate for _, rate in moved.by_threads))
+        reported = moved.to_dict()["bytes_per_s_by_threads"]
+        assert set(reported) == {str(n) for n in threads}
     finally:
         for file in files:
             file.close()
