@@ -54,6 +54,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument("--tokenizer", type=Path, help="local tokenizer.json (or its folder)")
     parser.add_argument("--prompt", help="prompt text (needs --tokenizer); repeated per sequence")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        help="write a Chrome/Perfetto trace here: the engine's steps and layers beside the "
+        "store's actors",
+    )
     parser.set_defaults(func=run)
 
 
@@ -83,6 +89,7 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
         store_config,
     )
     from dualblade.pipeline import parse_size
+    from dualblade.telemetry import Tracer
 
     base = load_run_config(args.config, None)
     workload = base.workload
@@ -104,6 +111,8 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
     device = _device(args.device)
     memory_limit = parse_size(args.memory_limit) if args.memory_limit else None
     tokenizer = _load_tokenizer(args.tokenizer) if args.tokenizer is not None else None
+    if args.trace is not None and args.trace.is_dir():
+        raise ConfigError(f"--trace {args.trace} is a folder: name the trace file to write")
 
     model = build_model(
         preset=preset,
@@ -129,8 +138,13 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
         policy=policy,
     )
 
+    tracer = Tracer(enabled=args.trace is not None)
+    model.tracer = tracer
+
     async def main() -> dict[str, Any]:
-        async with open_kv(config, policy, device=device, memory_limit=memory_limit) as kv:
+        async with open_kv(
+            config, policy, device=device, memory_limit=memory_limit, tracer=tracer
+        ) as kv:
             result = await model.generate(prompts, gen_len, kv)
             metrics = kv.metrics()
             plan = getattr(kv, "plan", None)
@@ -169,6 +183,12 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
         return report
 
     report = anyio.run(main)
+    if args.trace is not None:
+        try:
+            tracer.write(args.trace)
+        except OSError as error:
+            raise ConfigError(f"--trace {args.trace}: cannot write the trace: {error}") from None
+        report["trace"] = str(args.trace)
     if tokenizer is not None:
         report["text"] = [tokenizer.decode(ids) for ids in report["token_ids"]]
     return report
@@ -239,6 +259,8 @@ def _print_report(report: dict[str, Any]) -> None:
         ],
         ["tokens/s", f"{report['tokens_per_s']:.1f}"],
     ]
+    if "trace" in report:
+        rows.append(["trace", report["trace"]])
     if "memory_layers" in split:
         rows.append(["KV cache", "in memory (the reference)"])
     else:

@@ -22,6 +22,7 @@ from dualblade.models.weights import random_weights
 from dualblade.pipeline import PipelineConfig, config_for_model
 from dualblade.pipeline import Policy as StorePolicy
 from dualblade.store import TORCH_DTYPES, open_store, torch_dtype
+from dualblade.telemetry import NULL_TRACER, Tracer
 
 #: The store's policies, and ``memory``: the KV cache in RAM, the reference.
 GeneratePolicy = Literal["dual", "direct", "page-cache", "cache-policy", "baseline", "memory"]
@@ -102,10 +103,12 @@ async def open_kv(
     *,
     device: torch.device | str | None = None,
     memory_limit: int | None = None,
+    tracer: Tracer = NULL_TRACER,
 ) -> AsyncIterator[KVProvider]:
     """The KV provider for ``policy``: a running :class:`KVStore`, or :class:`MemoryKV`.
 
     The store is started here and stopped when the block exits; its contexts are the requests.
+    ``tracer`` receives the store's actors' trace events (the memory policy has none).
     """
     if policy == "memory":
         shape, workload = config.shape(), config.workload
@@ -118,7 +121,7 @@ async def open_kv(
             device=device or "cpu",
         )
         return
-    async with open_store(config, device=device, memory_limit=memory_limit) as store:
+    async with open_store(config, device=device, memory_limit=memory_limit, tracer=tracer) as store:
         yield store
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -35,6 +35,7 @@ from dualblade.models.attention import attention
 from dualblade.models.kv import KVCache, KVProvider
 from dualblade.models.weights import LayerWeights, OptWeights
 from dualblade.store import torch_dtype
+from dualblade.telemetry import NULL_TRACER, Tracer
 
 T = TypeVar("T")
 
@@ -58,8 +59,19 @@ class Generation:
         return self.tokens.numel() / total if total > 0 else 0.0
 
 
+#: The trace track of the engine's own steps: a step's slice holds its layers' waits for their
+#: reads and their computes, in order, beside the store's actors' tracks.
+ENGINE_TRACK = "engine"
+
+
 class OptModel:
-    """An OPT decoder whose KV cache lives in a :class:`~dualblade.models.kv.KVProvider`."""
+    """An OPT decoder whose KV cache lives in a :class:`~dualblade.models.kv.KVProvider`.
+
+    ``tracer``: receives the engine's slices (:data:`ENGINE_TRACK`): the prefill and each decode
+    step, and inside them every layer's compute and every wait for a layer's read or for the
+    prefill's writes behind. Where a step's time goes is then one look at a trace: a compute
+    that holds up the reads, a read that the compute waits for.
+    """
 
     def __init__(
         self,
@@ -67,7 +79,9 @@ class OptModel:
         *,
         device: torch.device | str = "cpu",
         compute_dtype: torch.dtype = torch.float32,
+        tracer: Tracer = NULL_TRACER,
     ) -> None:
+        self.tracer = tracer
         self.arch: OptArchitecture = weights.arch
         self.device = torch.device(device)
         self.compute_dtype = compute_dtype
@@ -162,19 +176,29 @@ class OptModel:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    async def _compute(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run ``fn`` in a worker thread so the event loop keeps moving KV bytes meanwhile."""
+    async def _compute(
+        self, label: str, fn: Callable[..., T], *args: Any, track: str = ENGINE_TRACK
+    ) -> T:
+        """Run ``fn`` in a worker thread so the event loop keeps moving KV bytes meanwhile;
+        ``label`` names its slice in the trace (on ``track``: work beside the steps' own, such
+        as the warm-up under the prefill, goes on a track of its own, or slices would cross)."""
 
         def run() -> T:
             with torch.inference_mode():
                 return fn(*args)
 
-        return await anyio.to_thread.run_sync(run)
+        with self.tracer.span(track, label):
+            return await anyio.to_thread.run_sync(run)
+
+    async def _wait(self, label: str, waited: Awaitable[Any]) -> None:
+        """Await ``waited`` (a layer's read, the writes behind), as a slice of the trace."""
+        with self.tracer.span(ENGINE_TRACK, label):
+            await waited
 
     # -- the layer loops ---------------------------------------------------------------------
     async def _prefill(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
         """Run the prompt ``[seq, batch]`` through every layer, writing each layer's K and V."""
-        x = await self._compute(self._embed, ids, 0)
+        x = await self._compute("embed", self._embed, ids, 0)
         # At most two layers' K and V wait for their write: bounds the memory of write-behind.
         behind = anyio.Semaphore(2)
 
@@ -190,12 +214,13 @@ class OptModel:
                 if self.warm_decode and shape not in self._warmed:
                     # under the prefill, whose compute waits for its writes most of the time
                     self._warmed.add(shape)
-                    tg.start_soon(self._compute, self._warm_decode, *shape)
+                    warm = functools.partial(self._compute, track=f"{ENGINE_TRACK} warm-up")
+                    tg.start_soon(warm, "decode kernels", self._warm_decode, *shape)
                 for layer in range(self.arch.num_layers):
-                    x, k, v = await self._compute(self._layer, layer, x, None)
-                    await behind.acquire()
+                    x, k, v = await self._compute(f"L{layer}", self._layer, layer, x, None)
+                    await self._wait("writes behind", behind.acquire())
                     tg.start_soon(write, layer, k, v)
-        return await self._compute(self._logits, x)
+        return await self._compute("logits", self._logits, x)
 
     async def _decode(
         self, cache: KVCache, tokens: torch.Tensor, position: int, buffers: Sequence[Any]
@@ -211,7 +236,7 @@ class OptModel:
         (:class:`dualblade.pipeline.ReadAhead`). On the host, direct reads land in the buffers
         straight from storage.
         """
-        x = await self._compute(self._embed, tokens[None, :], position)
+        x = await self._compute("embed", self._embed, tokens[None, :], position)
         reads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         ready = [anyio.Event() for _ in range(self.arch.num_layers)]
         order = cache.read_order(len(buffers))
@@ -226,14 +251,14 @@ class OptModel:
                 for layer, buffer in order.start():
                     tg.start_soon(read, layer, buffer)
                 for layer in range(self.arch.num_layers):
-                    await ready[layer].wait()
+                    await self._wait(f"read L{layer}", ready[layer].wait())
                     past = reads.pop(layer)
-                    x, k_row, v_row = await self._compute(self._layer, layer, x, past)
+                    x, k_row, v_row = await self._compute(f"L{layer}", self._layer, layer, x, past)
                     del past
                     if (following := order.used(layer)) is not None:
                         tg.start_soon(read, *following)  # its buffer is free now
                     tg.start_soon(cache.append, layer, k_row, v_row)
-        return await self._compute(self._logits, x)
+        return await self._compute("logits", self._logits, x)
 
     # -- generation ----------------------------------------------------------------------------
     def check_request(self, prompt_ids: torch.Tensor, gen_len: int) -> None:
@@ -282,16 +307,18 @@ class OptModel:
         prompt_len = ids.shape[0]
         shape = {"batch": ids.shape[1], "max_len": prompt_len + gen_len} if fit else {}
         async with kv.context(**shape) as cache:
-            logits = await self._prefill(cache, ids)
-            token = logits.argmax(dim=-1).cpu()
+            with self.tracer.span(ENGINE_TRACK, "prefill", rows=prompt_len):
+                logits = await self._prefill(cache, ids)
+                token = logits.argmax(dim=-1).cpu()
             yield token
             # Made once per request, reused by every step (aligned memory is made and touched
             # page by page: not per step). Released with the last reference to them.
             buffers = [cache.read_buffers() for _ in range(max(1, kv.read_parallelism) + 1)]
             for step in range(1, gen_len):
-                async with kv.iteration():
-                    logits = await self._decode(cache, token, prompt_len + step - 1, buffers)
-                token = logits.argmax(dim=-1).cpu()
+                with self.tracer.span(ENGINE_TRACK, f"decode step {step}"):
+                    async with kv.iteration():
+                        logits = await self._decode(cache, token, prompt_len + step - 1, buffers)
+                    token = logits.argmax(dim=-1).cpu()
                 yield token
 
     async def generate(self, prompt_ids: torch.Tensor, gen_len: int, kv: KVProvider) -> Generation:
