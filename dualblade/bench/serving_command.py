@@ -162,6 +162,8 @@ def run_service_preset(name: str, options: Mapping[str, Any], progress: Progress
     """
     if options.get("config"):
         raise ConfigError(f"--preset {name} takes no config file: its shape is the preset's")
+    if options.get("trace"):
+        raise ConfigError(f"--trace records a sweep's runs; --preset {name} does not take it")
     if name == "serving":
         report, table = run_serving_bench(options, progress)
     elif name == "pressure":

@@ -59,6 +59,8 @@ class SweepPlan:
     label: str = "custom"
     #: Real inference instead of synthetic KV traffic: ``{"preset": "opt-6.7b", "dtype": ...}``.
     compute: dict[str, Any] | None = None
+    #: Where each pipeline run writes its trace (FlexGen's runs have none); None: no tracing.
+    trace_dir: Path | None = None
     extra_meta: dict[str, Any] = field(default_factory=dict)
 
 
@@ -147,6 +149,10 @@ class Sweep:
             "out": str(out),
             "seed": index,
         }
+        trace = None
+        if plan.trace_dir is not None and policy != "flexgen":
+            trace = plan.trace_dir / f"{index:03d}-{policy}-{limit >> 20}MiB-r{repeat}.json"
+            spec["trace"] = str(trace)
         spec_path.write_text(json.dumps(spec))
         how = drop_page_cache([self.page_cache_dir, self.direct_path])
         started = time.perf_counter()
@@ -175,6 +181,8 @@ class Sweep:
         }
         if out.exists():
             record.update(json.loads(out.read_text()))
+        if trace is not None and trace.exists():
+            record["trace"] = str(trace)
         if completed.returncode != 0 and "error" not in record:
             reason = "killed by the OOM killer" if oom else f"exit status {completed.returncode}"
             tail = completed.stderr.strip().splitlines()[-5:]
@@ -200,3 +208,5 @@ def check_plan(plan: SweepPlan) -> None:
         raise ConfigError("the sweep needs at least one decode step")
     if plan.repeats < 1:
         raise ConfigError("--repeats must be at least 1")
+    if plan.trace_dir is not None and plan.trace_dir.exists() and not plan.trace_dir.is_dir():
+        raise ConfigError(f"--trace {plan.trace_dir} is a file: name a folder for the traces")

@@ -17,9 +17,12 @@ import contextlib
 import itertools
 import sys
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dualblade.bench.worker_process import run_worker
+
+if TYPE_CHECKING:
+    from dualblade.telemetry import Tracer
 
 THROUGHPUT_INTERVAL = 0.1
 
@@ -131,7 +134,19 @@ def _build_model(spec: dict[str, Any]) -> Any:
 
 
 async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run the spec's workload and gather every metric of the run."""
+    """Run the spec's workload and gather every metric of the run; with ``spec["trace"]``,
+    write the run's trace there (a failed run's too: it shows where the run stopped)."""
+    from dualblade.telemetry import Tracer
+
+    tracer = Tracer(enabled=bool(spec.get("trace")))
+    try:
+        return await _run(spec, tracer)
+    finally:
+        if spec.get("trace"):
+            tracer.write(spec["trace"])
+
+
+async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
     import anyio
 
     from dualblade.bench.disk_stats import DiskSnapshot, activity, read_snapshot, stat_file_for
@@ -163,7 +178,9 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     floor_errors: list[str] = []
     log = RequestLog()
     samples: list[tuple[float, int]] = []
-    async with open_store(config, device=device) as store:
+    if model is not None:
+        model.tracer = tracer  # the engine's steps and layers, beside the store's actors
+    async with open_store(config, device=device, tracer=tracer) as store:
         store.observe_chunks(log)
         disk: dict[str, DiskSnapshot] = {}
         counters: dict[str, dict[str, Any]] = {}

@@ -55,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--keep-files", action="store_true", help="keep the runs' KV files")
     parser.add_argument("--json", action="store_true", help="print results.json to stdout")
+    parser.add_argument(
+        "--trace",
+        type=Path,
+        metavar="DIR",
+        help="write each run's Perfetto/Chrome trace into DIR (its store's actors and, with "
+        "--compute, the engine's steps); tracing costs each run some Python per event",
+    )
     parser.add_argument("--requests", type=int, help="--preset serving: requests per run")
     parser.add_argument(
         "--squeeze",
@@ -109,6 +116,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         keep_files=args.keep_files,
         label=label,
         compute=compute,
+        trace_dir=args.trace,
     )
     check_plan(plan)
     if plan.decode_steps > max_new:

@@ -29,6 +29,7 @@ from typing import Literal
 import anyio
 
 from dualblade.io_engine._backend import open_backend
+from dualblade.io_engine._chunk_observers import chained
 from dualblade.io_engine._lanes import check_lane
 from dualblade.io_engine._request import CancelledError, IORequest, Kind
 from dualblade.io_engine._threadpool import ThreadPoolBackend
@@ -102,9 +103,11 @@ class IOEngine:
 
         It receives the target's name, the op, the chunk's offset and length, its submit and
         completion times (``time.perf_counter`` seconds) and the completion's raw result.
+        Observers add up, called in the order given: a traced bench run's I/O track and its
+        request log both see every chunk.
         """
-        if isinstance(self._backend, Ring):
-            self._backend.observer = observer
+        if isinstance(ring := self._backend, Ring):
+            ring.observer = chained(ring.observer, observer)
 
     @property
     def peak_inflight(self) -> int:

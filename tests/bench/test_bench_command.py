@@ -128,3 +128,47 @@ def test_a_compute_run_reports_each_phase_alone(tmp_path: Path) -> None:
     assert prefill["seconds"] == pytest.approx(record["prefill_s"], abs=0.05)
     assert decode["seconds"] == pytest.approx(record["decode_s"], abs=0.05)
     assert prefill["written_bytes"] > decode["written_bytes"]  # prefill writes every row
+
+
+@pytest.mark.root
+def test_a_traced_compute_run_writes_the_engine_and_the_store_into_one_trace(
+    tmp_path: Path,
+) -> None:
+    reason = can_create_memory_cgroups()
+    if reason is not None:
+        pytest.skip(reason)
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        TINY.format(dir=tmp_path / "store").replace("max_new_tokens = 2", "max_new_tokens = 4")
+    )
+    out, traces = tmp_path / "out", tmp_path / "traces"
+    args = ["bench", str(config), "--memory-limits", "600MiB", "--policies", "dual"]
+    args += ["--compute", "opt-125m", "--steps", "3", "--trace", str(traces)]
+    assert main([*args, "--work-dir", str(tmp_path / "work"), "--out", str(out)]) in (0, 1)
+    (record,) = json.loads((out / "results.json").read_text())["results"]
+    assert "error" not in record, record.get("error")
+    trace = Path(record["trace"])
+    assert trace.parent == traces
+    assert trace.name == "000-dual-600MiB-r0.json"
+    events = json.loads(trace.read_text())["traceEvents"]
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert {"engine", "binder", "copy-thread-0", "io_uring"} <= set(tracks.values()), tracks
+    steps = [
+        e["name"]
+        for e in events
+        if e.get("ph") == "X"
+        and tracks[e["tid"]] == "engine"
+        and e["name"].startswith("decode step")
+    ]
+    assert steps == ["decode step 1", "decode step 2", "decode step 3"]
+
+
+def test_trace_is_refused_where_it_cannot_mean_anything(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    assert main(["bench", "--memory-limits", "1GiB", "--trace", str(a_file)]) == 2
+    assert "is a file: name a folder" in capsys.readouterr().err
+    assert main(["bench", "--preset", "serving", "--trace", str(tmp_path)]) == 2
+    assert "does not take it" in capsys.readouterr().err

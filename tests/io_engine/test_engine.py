@@ -50,6 +50,26 @@ async def test_buffer_offset_and_file_offset(
         assert bytes(other.view[:4096]) == bytes(4096)  # nothing written before the offset
 
 
+async def test_chunk_observers_add_up_and_each_sees_every_chunk(
+    engine: IOEngine, direct_file: DirectFile, buffer: AlignedBuffer
+) -> None:
+    if engine.kind != "io_uring":
+        pytest.skip("chunks are observed on the io_uring backend only")
+    seen: dict[str, list[tuple[str, int, int]]] = {"first": [], "second": []}
+    for name in seen:
+        engine.observe_chunks(
+            lambda _t, op, offset, length, _s, _c, _r, name=name: seen[name].append(
+                (op, offset, length)
+            )
+        )
+    await engine.pwrite(direct_file, buffer, 1 << 20, 2 << 20)
+    await engine.pread(direct_file, buffer, 1 << 20, 2 << 20)
+    chunks = (1 << 20) // (64 << 10)
+    assert len(seen["first"]) == 2 * chunks  # every chunk of the write and of the read
+    assert sorted(seen["first"]) == sorted(seen["second"])  # the second observer, the same
+    assert {op for op, _, _ in seen["first"]} == {"read", "write"}
+
+
 async def test_requests_split_at_max_chunk_and_queue_depth_is_respected(
     engine: IOEngine, direct_file: DirectFile, buffer: AlignedBuffer
 ) -> None:
