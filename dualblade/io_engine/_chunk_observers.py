@@ -8,6 +8,8 @@ list to walk for the common case of one or none.
 
 from __future__ import annotations
 
+from typing import Any
+
 from dualblade.io_engine.ring import ChunkObserver
 
 
@@ -16,16 +18,8 @@ def chained(first: ChunkObserver | None, second: ChunkObserver) -> ChunkObserver
     if first is None:
         return second
 
-    def both(
-        target: str,
-        op: str,
-        offset: int,
-        length: int,
-        submitted: float,
-        completed: float,
-        result: int,
-    ) -> None:
-        first(target, op, offset, length, submitted, completed, result)
-        second(target, op, offset, length, submitted, completed, result)
+    def both(*chunk: Any) -> None:  # the chunk as ChunkObserver describes it
+        first(*chunk)
+        second(*chunk)
 
     return both

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -105,22 +107,27 @@ def test_tiny_sweep_writes_results_plots_and_checked_reads(tmp_path: Path) -> No
     assert "floors" in report["claims"]
 
 
-@pytest.mark.root
-def test_a_compute_run_reports_each_phase_alone(tmp_path: Path) -> None:
-    """With a real model the disk statistics of prefill and decode cover their own phase."""
+def compute_run(tmp_path: Path, *, steps: int, extra: Sequence[str] = ()) -> dict[str, Any]:
+    """One dual run of opt-125m at 600 MiB (``steps`` decode steps); its record. Root only."""
     reason = can_create_memory_cgroups()
     if reason is not None:
         pytest.skip(reason)
     config = tmp_path / "tiny.toml"
-    config.write_text(
-        TINY.format(dir=tmp_path / "store").replace("max_new_tokens = 2", "max_new_tokens = 6")
-    )
+    tokens = f"max_new_tokens = {steps + 2}"
+    config.write_text(TINY.format(dir=tmp_path / "store").replace("max_new_tokens = 2", tokens))
     out = tmp_path / "out"
     args = ["bench", str(config), "--memory-limits", "600MiB", "--policies", "dual"]
-    args += ["--compute", "opt-125m", "--steps", "4"]
+    args += ["--compute", "opt-125m", "--steps", str(steps), *extra]
     assert main([*args, "--work-dir", str(tmp_path / "work"), "--out", str(out)]) in (0, 1)
     (record,) = json.loads((out / "results.json").read_text())["results"]
     assert "error" not in record, record.get("error")
+    return dict(record)
+
+
+@pytest.mark.root
+def test_a_compute_run_reports_each_phase_alone(tmp_path: Path) -> None:
+    """With a real model the disk statistics of prefill and decode cover their own phase."""
+    record = compute_run(tmp_path, steps=4)
     assert record["floor_s"] > 0  # measured at the last token, the engine's context still open
     if "disk" not in record:
         pytest.skip("the work dir's block device has no statistics here")
@@ -134,19 +141,8 @@ def test_a_compute_run_reports_each_phase_alone(tmp_path: Path) -> None:
 def test_a_traced_compute_run_writes_the_engine_and_the_store_into_one_trace(
     tmp_path: Path,
 ) -> None:
-    reason = can_create_memory_cgroups()
-    if reason is not None:
-        pytest.skip(reason)
-    config = tmp_path / "tiny.toml"
-    config.write_text(
-        TINY.format(dir=tmp_path / "store").replace("max_new_tokens = 2", "max_new_tokens = 4")
-    )
-    out, traces = tmp_path / "out", tmp_path / "traces"
-    args = ["bench", str(config), "--memory-limits", "600MiB", "--policies", "dual"]
-    args += ["--compute", "opt-125m", "--steps", "3", "--trace", str(traces)]
-    assert main([*args, "--work-dir", str(tmp_path / "work"), "--out", str(out)]) in (0, 1)
-    (record,) = json.loads((out / "results.json").read_text())["results"]
-    assert "error" not in record, record.get("error")
+    traces = tmp_path / "traces"
+    record = compute_run(tmp_path, steps=3, extra=["--trace", str(traces)])
     trace = Path(record["trace"])
     assert trace.parent == traces
     assert trace.name == "000-dual-600MiB-r0.json"
