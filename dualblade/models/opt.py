@@ -70,7 +70,8 @@ class OptModel:
     ``tracer``: receives the engine's slices (:data:`ENGINE_TRACK`): the prefill and each decode
     step, and inside them every layer's compute and every wait for a layer's read or for the
     prefill's writes behind. Where a step's time goes is then one look at a trace: a compute
-    that holds up the reads, a read that the compute waits for.
+    that holds up the reads, a read that the compute waits for. The track is the model's, so
+    it reads as steps for one request at a time; concurrent requests' slices would interleave.
     """
 
     def __init__(
