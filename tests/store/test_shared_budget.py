@@ -100,6 +100,18 @@ async def _watch_ledger(
         tg.cancel_scope.cancel()
 
 
+@contextlib.asynccontextmanager
+async def all_resident(
+    config: PipelineConfig, requests: Requests, seed: int
+) -> AsyncIterator[tuple[KVStore, KVContext]]:
+    """A store with one context whose prefill (``seed``) placed and left every layer resident."""
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await store.replanned()
+        await requests.prefill(ctx, seed)
+        assert ctx.resident_layers == LAYERS
+        yield store, ctx
+
+
 async def test_concurrent_dual_contexts_share_one_budget(make_config: MakeConfig) -> None:
     """Four contexts under a budget of four layers: one layer each, never more in total."""
     config = _config(make_config)
@@ -258,10 +270,7 @@ async def test_a_move_holds_up_only_its_own_layer(
         return await claim_run(self, layer)
 
     monkeypatch.setattr(ContextHoldings, "direct_map", held_claim)
-    async with open_store(config, device="cpu") as store, store.context() as ctx:
-        await store.replanned()
-        await requests.prefill(ctx, 1)
-        assert ctx.resident_layers == 4
+    async with all_resident(config, requests, 1) as (store, ctx):
         store.set_page_cache_budget(3 * LAYER_BYTES)  # LAST_IN_ORDER must go direct
         with anyio.fail_after(5):
             await claimed.wait()  # the move holds LAST_IN_ORDER
@@ -387,10 +396,7 @@ async def test_the_budgeters_readings_replan_live_contexts(
 
     config = _config(make_config)
     requests = Requests(config)
-    async with open_store(config, device="cpu") as store, store.context() as ctx:
-        await store.replanned()
-        await requests.prefill(ctx, 3)
-        assert ctx.resident_layers == 4
+    async with all_resident(config, requests, 3) as (store, ctx):
         squeezed = fixed_budget(
             LAYER_BYTES, pin_bytes=pin_bytes(config), copy_threads=config.copy_threads
         )
@@ -601,10 +607,7 @@ async def test_a_budget_below_what_is_placed_cuts_a_newcomers_settling_short(
 
     config = _config(make_config)
     requests = Requests(config)
-    async with open_store(config, device="cpu") as store, store.context() as first:
-        await store.replanned()
-        await requests.prefill(first, 1)
-        assert first.resident_layers == 4
+    async with all_resident(config, requests, 1) as (store, first):
         async with store.context():
             start = anyio.current_time()
             store.set_page_cache_budget(LAYER_BYTES)  # three of first's four layers must go
