@@ -11,9 +11,13 @@ buffers, so a KPU is always waiting when a storage slot frees. Runs alternate so
 the ratio is of medians. Each run also reports the process's CPU seconds (all threads) per GB
 moved: what a GB of decode reads costs, apart from how fast the target is.
 
+On a GPU the raw side makes the pipeline's whole move, the reads and the copies to the device,
+without the actors (:mod:`dualblade.bench.pipebench_device_raw`); the reads into pinned memory
+alone run too, as ``raw_host``, beside it.
+
 fio, where installed, reads the same extents of the same file in each run too (O_DIRECT,
 io_uring, the engine's chunk as its block size and the ring's queue depth): the reference the
-raw engine is held against, on data of the same age.
+raw engine's reads are held against, on data of the same age.
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ import anyio
 import torch
 
 from dualblade.bench import fio
+from dualblade.bench.pipebench_device_raw import DeviceLane, device_lanes, raw_device_pass
 from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer, StorageSlots
-from dualblade.pipeline import KpuExtent, PipelineConfig
+from dualblade.pipeline import KpuExtent, PipelineConfig, pin_bytes
 from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
 
@@ -49,16 +54,33 @@ class PipeBenchResult:
     #: fio's read of the same extents, per run; empty where fio did not run (``fio_note`` why)
     fio: list[float] = field(default_factory=list)
     fio_note: str | None = None
+    #: On a GPU, the raw engine's reads into pinned memory alone, per run (``raw`` adds the
+    #: copies to the device); empty on the host, where the raw side's reads are the whole move.
+    raw_host: list[float] = field(default_factory=list)
+    raw_host_cpu_s_per_gb: list[float] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
+        reads = self.raw_host or self.raw  # what fio's reads compare with: reads alone
         fio: dict[str, Any] = (
             {
                 "fio_bytes_per_s": [round(x) for x in self.fio],
                 "fio_median_bytes_per_s": round(statistics.median(self.fio)),
-                "raw_vs_fio": round(statistics.median(self.raw) / statistics.median(self.fio), 3),
+                "raw_vs_fio": round(statistics.median(reads) / statistics.median(self.fio), 3),
             }
             if self.fio
             else {"fio_note": self.fio_note}
+        )
+        host: dict[str, Any] = (
+            {
+                "raw_host_bytes_per_s": [round(x) for x in self.raw_host],
+                "raw_host_median_bytes_per_s": round(statistics.median(self.raw_host)),
+                "ratio_vs_raw_host": round(
+                    statistics.median(self.pipeline) / statistics.median(self.raw_host), 3
+                ),
+                "raw_host_cpu_s_per_gb": round(statistics.median(self.raw_host_cpu_s_per_gb), 4),
+            }
+            if self.raw_host
+            else {}
         )
         return {
             "pipeline_bytes_per_s": [round(x) for x in self.pipeline],
@@ -73,6 +95,7 @@ class PipeBenchResult:
             "strategy": self.strategy,
             "target": self.target,
             **fio,
+            **host,
         }
 
 
@@ -226,15 +249,21 @@ async def run_pipebench(
         if fio_note is None and fio.fio_path() is None:
             fio_note = "fio is not installed (apt-get install fio)"
         read_with_fio = _fio_reader(direct_config, extents, passes)
-        rates: dict[str, list[float]] = {"pipeline": [], "raw": [], "fio": []}
-        cpu: dict[str, list[float]] = {"pipeline": [], "raw": []}
+        rates: dict[str, list[float]] = {"pipeline": [], "raw": [], "raw_host": [], "fio": []}
+        cpu: dict[str, list[float]] = {"pipeline": [], "raw": [], "raw_host": []}
         pipeline = [ctx.read_buffers() for _ in range(threads)]
         raw_memory, raw = _raw_buffers(store, ctx, threads)
+        lanes: list[DeviceLane] = []
         try:
             sides: dict[str, Callable[[], Awaitable[None]]] = {
                 "pipeline": lambda: pipeline_pass(ctx, layers, pipeline),
                 "raw": lambda: _raw_pass(store, ctx, raw),
             }
+            if store.device.type == "cuda":
+                lanes = device_lanes(store.pinned_buffers(), pin_bytes(direct_config), store.device)
+                gate = StorageSlots(threads)  # the overlap gate's direct slots under Intra
+                sides["raw_host"] = sides["raw"]
+                sides["raw"] = lambda: raw_device_pass(store, ctx, lanes, gate)
             for run in range(runs):
                 if fio_note is None and run % 2:
                     rates["fio"].append(await anyio.to_thread.run_sync(read_with_fio))
@@ -248,6 +277,7 @@ async def run_pipebench(
                 if rates["fio"]:
                     progress(f"run {run + 1} fio      {rates['fio'][-1] / 1e6:8.1f} MB/s")
         finally:
+            lanes.clear()  # their host tensors alias the pinned buffers the store closes
             for buffers in [*pipeline, *raw_memory]:
                 buffers.close()
         strategy = store.stats().strategy
@@ -262,4 +292,6 @@ async def run_pipebench(
         str(direct_config.storage.direct.path),
         rates["fio"],
         fio_note,
+        rates["raw_host"],
+        cpu["raw_host"],
     )

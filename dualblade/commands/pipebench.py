@@ -69,10 +69,16 @@ def run(args: argparse.Namespace) -> int:
             f"ratio {document['ratio']}; CPU s/GB: pipeline "
             f"{document['pipeline_cpu_s_per_gb']}, raw {document['raw_cpu_s_per_gb']}"
         )
+        if "raw_host_median_bytes_per_s" in document:
+            print(
+                f"raw engine's reads alone (to pinned memory) "
+                f"{document['raw_host_median_bytes_per_s'] / 1e6:.1f} MB/s; pipeline / them "
+                f"{document['ratio_vs_raw_host']}"
+            )
         if "raw_vs_fio" in document:
             print(
                 f"fio on the same extents {document['fio_median_bytes_per_s'] / 1e6:.1f} MB/s; "
-                f"raw engine / fio {document['raw_vs_fio']}"
+                f"raw engine's reads / fio {document['raw_vs_fio']}"
             )
         else:
             print(f"fio not run: {document['fio_note']}")

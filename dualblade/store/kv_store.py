@@ -280,12 +280,19 @@ class KVStore:
         return list(self.runtime.buffers)
 
     async def raw_direct_read(
-        self, buffer: AlignedBuffer, nbytes: int, offset: int, *, slots: StorageSlots | None = None
+        self,
+        buffer: AlignedBuffer,
+        nbytes: int,
+        offset: int,
+        *,
+        buf_offset: int = 0,
+        slots: StorageSlots | None = None,
     ) -> None:
-        """Read ``nbytes`` at byte ``offset`` of the direct target into ``buffer`` through the
-        store's I/O engine, around the actors: the raw reference ``dualblade pipebench`` holds
-        the pipeline against. A context's extents come from ``ctx.direct_map()``. ``slots``:
-        the read waits for one in the engine (``IOEngine.pread``).
+        """Read ``nbytes`` at byte ``offset`` of the direct target into ``buffer[buf_offset:]``
+        through the store's I/O engine, around the actors: the raw reference ``dualblade
+        pipebench`` holds the pipeline against. A context's extents come from
+        ``ctx.direct_map()``. ``slots``: the read waits for one in the engine
+        (``IOEngine.pread``).
 
         Raises:
             ConfigError: the range leaves the configured extent.
@@ -298,7 +305,9 @@ class KVStore:
                 f"bytes [{offset}, {offset + nbytes}) are outside the store's direct extent "
                 f"[{first * lba}, {end * lba})"
             )
-        await self.runtime.engine.pread(self.runtime.direct, buffer, nbytes, offset, slots=slots)
+        await self.runtime.engine.pread(
+            self.runtime.direct, buffer, nbytes, offset, buf_offset=buf_offset, slots=slots
+        )
 
 
 @contextlib.asynccontextmanager

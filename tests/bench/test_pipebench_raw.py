@@ -6,9 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from dualblade.bench.pipebench import _raw_buffers, _raw_pass, direct_only, prefill_random
-from dualblade.pipeline import config_from_mapping
+from dualblade.bench.pipebench_device_raw import device_lanes, raw_device_pass
+from dualblade.io_engine import AlignedBuffer, StorageSlots
+from dualblade.pipeline import config_from_mapping, pin_bytes
 from dualblade.store import open_store
 
 pytestmark = pytest.mark.anyio
@@ -58,3 +61,46 @@ async def test_the_raw_side_reads_each_extent_once_two_at_a_time(tmp_path: Path)
         # at most two extents in flight at any moment: one per buffer
         for start, _ in spans:
             assert sum(1 for s, e in spans if s <= start < e) <= 2
+
+
+async def test_a_raw_read_lands_at_its_buffer_offset(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await prefill_random(ctx, store)
+        extent = list(await ctx.direct_map())[1]
+        with AlignedBuffer(2 * extent.nbytes) as twice, AlignedBuffer(extent.nbytes) as once:
+            twice.view[:] = b"\xa5" * twice.size
+            await store.raw_direct_read(once, extent.nbytes, extent.byte_offset)
+            await store.raw_direct_read(
+                twice, extent.nbytes, extent.byte_offset, buf_offset=extent.nbytes
+            )
+            assert bytes(twice.view[extent.nbytes :]) == bytes(once.view[: extent.nbytes])
+            assert bytes(twice.view[: extent.nbytes]) == b"\xa5" * extent.nbytes  # untouched
+
+
+def test_device_lanes_refuse_a_buffer_smaller_than_an_image() -> None:
+    with AlignedBuffer(4096) as small, pytest.raises(ValueError, match="holds no image"):
+        device_lanes([small], 8192, torch.device("cuda"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+async def test_the_device_raw_side_copies_each_lanes_reads_to_the_device(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    async with open_store(config, device="cuda") as store, store.context() as ctx:
+        await prefill_random(ctx, store)
+        extents = list(await ctx.direct_map())
+        lanes = device_lanes(store.pinned_buffers(), pin_bytes(config), store.device)
+        assert len(lanes) == 2 * config.copy_threads  # two images per copy thread on CUDA
+        await raw_device_pass(store, ctx, lanes, StorageSlots(config.copy_threads))
+        # each lane holds its last read: its device tensor against a fresh read of that extent
+        held = [
+            (lane.device_tensor, extents[index :: len(lanes)][-1])
+            for index, lane in enumerate(lanes)
+        ]
+        lanes.clear()  # their host tensors alias the store's pinned buffers
+        for device_tensor, extent in held:
+            with AlignedBuffer(extent.nbytes) as expected:
+                await store.raw_direct_read(expected, extent.nbytes, extent.byte_offset)
+                assert bytes(device_tensor[: extent.nbytes].cpu().numpy()) == bytes(
+                    expected.view[: extent.nbytes]
+                )
