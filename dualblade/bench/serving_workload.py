@@ -111,8 +111,9 @@ class ServingKV:
 def request_buffers(
     request: RequestSpec, width: int, dtype: str, device: torch.device | str, count: int
 ) -> list[ReadBuffers]:
-    """A request's read buffers (one per layer in flight), made and touched up front: the
-    service's own memory, in use before the store's budgeter first looks."""
+    """A request's ``count`` read buffers (:func:`dualblade.pipeline.decode_read_buffers`),
+    made and touched up front: the service's own memory, in use before the store's budgeter
+    first looks."""
     out = []
     for _ in range(max(1, count)):
         buffers = ReadBuffers(

@@ -27,7 +27,7 @@ import torch
 from dualblade.bench.decode_walk import walk_layers
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
-from dualblade.pipeline import PipelineConfig
+from dualblade.pipeline import PipelineConfig, decode_read_buffers
 from dualblade.store import KVContext, KVStore, ReadBuffers, torch_dtype
 
 Verify = Literal["sample", "full"]
@@ -140,14 +140,15 @@ def derive_kv(config: PipelineConfig, seed: int) -> DerivedKV:
 
 
 def read_buffers(config: PipelineConfig, device: torch.device | str) -> list[ReadBuffers]:
-    """One layer's full-length read buffers per layer in flight (one per copy thread), reused
-    every step as an application reuses its own: a fresh tensor per read would time page faults,
+    """One layer's full-length read buffers per layer in flight (one per copy thread) and one
+    for the layer in use, as the OPT engine has (:func:`decode_read_buffers`), reused every
+    step as an application reuses its own: a fresh tensor per read would time page faults,
     not KV movement. They are the store's kind (:class:`ReadBuffers`): on the host aligned
     memory that reads land in without a copy, as the OPT engine reads. Zeroed here, so their
     pages are in use before the store's budgeter first looks."""
     shape = config.shape()
     out = []
-    for _ in range(max(1, config.copy_threads)):
+    for _ in range(decode_read_buffers(config.copy_threads)):
         buffers = ReadBuffers(
             config.workload.max_len,
             config.workload.batch,

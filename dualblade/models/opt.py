@@ -34,6 +34,7 @@ from dualblade.models.architecture import POSITION_OFFSET, OptArchitecture
 from dualblade.models.attention import attention
 from dualblade.models.kv import KVCache, KVProvider
 from dualblade.models.weights import LayerWeights, OptWeights
+from dualblade.pipeline import decode_read_buffers
 from dualblade.store import torch_dtype
 from dualblade.telemetry import NULL_TRACER, Tracer
 
@@ -314,7 +315,8 @@ class OptModel:
             yield token
             # Made once per request, reused by every step (aligned memory is made and touched
             # page by page: not per step). Released with the last reference to them.
-            buffers = [cache.read_buffers() for _ in range(max(1, kv.read_parallelism) + 1)]
+            count = decode_read_buffers(kv.read_parallelism)
+            buffers = [cache.read_buffers() for _ in range(count)]
             for step in range(1, gen_len):
                 with self.tracer.span(ENGINE_TRACK, f"decode step {step}"):
                     async with kv.iteration():

@@ -75,6 +75,7 @@ from dualblade.pipeline.planner import pin_bytes as pin_bytes
 from dualblade.pipeline.planner import pin_images_for as pin_images_for
 from dualblade.pipeline.planner import tensor_layout as tensor_layout
 from dualblade.pipeline.read_ahead import ReadAhead as ReadAhead
+from dualblade.pipeline.read_ahead import decode_read_buffers as decode_read_buffers
 from dualblade.pipeline.shapes import DTYPE_BYTES as DTYPE_BYTES
 from dualblade.pipeline.shapes import PRESETS as PRESETS
 from dualblade.pipeline.shapes import DType as DType

@@ -26,6 +26,21 @@ from collections.abc import Iterable, Sequence
 from dualblade.pipeline.medium import Medium
 
 
+def decode_read_buffers(read_parallelism: int) -> int:
+    """Read buffers a decode step walks its layers with: one per read kept in flight (the
+    store's ``read_parallelism``) and one for the layer in use.
+
+    With one buffer per read and none more, a direct layer that has landed holds its buffer
+    until every layer before it is used, and the disk idles meanwhile: in the quick preset at
+    2 GiB (two copy threads, the bench's walk) the disk's reads were in flight 80-85 % of a
+    step with two buffers and 91-99 % with three. The third buffer's memory leaves one layer
+    fewer in the page cache there, so the decode took about as long (median 2.33 s against
+    2.40 over ten alternating runs each; docs/bench.md). The OPT engine's decode and the
+    bench's walk both use this count, so the bench walks as the engine reads.
+    """
+    return max(1, read_parallelism) + 1
+
+
 class ReadAhead:
     """The read order of one decode step over ``num_layers`` layers and ``buffers`` buffers.
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dualblade.pipeline import Medium, ReadAhead
+from dualblade.pipeline import Medium, ReadAhead, decode_read_buffers
 
 
 def _walk(order: ReadAhead) -> list[tuple[int, int]]:
@@ -78,3 +78,28 @@ def test_misuse_is_refused() -> None:
     order.start()
     with pytest.raises(ValueError, match="out of order"):
         order.used(1)
+
+
+def _most_slow_layers_held(order: ReadAhead, slow: set[int]) -> int:
+    """The most slow layers held at once (read or being read, not yet used) over a walk."""
+    held = dict(order.start())
+    most = 0
+    for layer in range(order.num_layers):
+        most = max(most, len(slow & held.keys()))
+        held.pop(layer)
+        following = order.used(layer)
+        if following is not None:
+            held[following[0]] = following[1]
+    return most
+
+
+@pytest.mark.parametrize("read_parallelism", [1, 2, 4])
+def test_the_decodes_extra_buffer_holds_one_more_direct_layer(read_parallelism: int) -> None:
+    # A direct layer, then three page-cache layers: while the walk uses those one buffer at a
+    # time, a landed direct layer holds another, and only a spare one lets the disk go on.
+    slow = set(range(0, 32, 4))
+    buffers = decode_read_buffers(read_parallelism)
+    assert buffers == read_parallelism + 1
+    with_spare = _most_slow_layers_held(ReadAhead(32, buffers, slow), slow)
+    without = _most_slow_layers_held(ReadAhead(32, read_parallelism, slow), slow)
+    assert with_spare == without + 1
