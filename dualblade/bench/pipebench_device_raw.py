@@ -2,11 +2,10 @@
 
 On a GPU the pipeline's loads end in device memory: each KPU is read into an image of a copy
 thread's pinned buffer and copied from there to the GPU. A raw side that only reads into the
-pinned memory leaves that copy out. On the H200 machine's tmpfs the copies slow the reads
-themselves (one io_uring worker copies a tmpfs read into the pinned memory while the GPU's DMA
-reads the images), so a host-only reference measured a different move from the pipeline's: the
-per-thread CPU of both sides showed the worker as busy in each, and the pipeline 2-3 ms slower
-per pass with the same share of time in flight (docs/pipeline-profile.md).
+pinned memory leaves that copy out, and it read into one buffer per copy thread where the
+pipeline has two images each: a different move at a different depth. On the H200 machine the
+pipeline's passes took 2-3 ms longer than that side's with the same share of time in flight,
+and nothing said whether the copies or the actors cost it (docs/pipeline-profile.md).
 
 This raw side makes the pipeline's move with nothing of the pipeline: as many lanes as the
 store has pinned images (each copy thread's buffer holds one or two), each reading its share of
