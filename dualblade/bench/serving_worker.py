@@ -95,7 +95,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
     from dualblade.bench.serving_requests import RequestSpec
     from dualblade.bench.serving_workload import ServingKV, request_buffers, run_serving_workload
-    from dualblade.pipeline import config_from_mapping, decode_read_buffers
+    from dualblade.pipeline import config_from_mapping
     from dualblade.store import open_store
 
     config = config_from_mapping(spec["config"], source="serving spec", env={})
@@ -124,7 +124,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         )
         for r in requests:
             buffers[r.index] = request_buffers(
-                r, shape.kv_width, shape.dtype, device, decode_read_buffers(config.copy_threads)
+                r, shape.kv_width, shape.dtype, device, config.copy_threads
             )
     async with open_store(config, device=device, replan=spec.get("replan", True)) as store:
         before = store.stats()

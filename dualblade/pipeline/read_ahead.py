@@ -36,7 +36,10 @@ def decode_read_buffers(read_parallelism: int) -> int:
     step with two buffers and 91-99 % with three. The third buffer's memory leaves one layer
     fewer in the page cache there, so the decode took about as long (median 2.33 s against
     2.40 over ten alternating runs each; docs/bench.md). The OPT engine's decode and the
-    bench's walk both use this count, so the bench walks as the engine reads.
+    bench's single-context walks (the sweep, the pressure preset) use this count, so they walk
+    as the engine reads. The serving preset's requests keep one per copy thread: each request
+    in flight holds its buffers, and the extra one cost dual a tenth of its tokens/s at
+    640 MiB (docs/serving-bench.md).
     """
     return max(1, read_parallelism) + 1
 
