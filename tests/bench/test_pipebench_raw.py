@@ -10,7 +10,7 @@ import torch
 
 from dualblade.bench.pipebench import _raw_buffers, _raw_pass, direct_only, prefill_random
 from dualblade.bench.pipebench_device_raw import device_lanes, raw_device_pass
-from dualblade.io_engine import AlignedBuffer, StorageSlots
+from dualblade.io_engine import AlignedBuffer, IOEngineError, StorageSlots
 from dualblade.pipeline import config_from_mapping, pin_bytes
 from dualblade.store import open_store
 
@@ -76,6 +76,10 @@ async def test_a_raw_read_lands_at_its_buffer_offset(tmp_path: Path) -> None:
             )
             assert bytes(twice.view[extent.nbytes :]) == bytes(once.view[: extent.nbytes])
             assert bytes(twice.view[: extent.nbytes]) == b"\xa5" * extent.nbytes  # untouched
+            with pytest.raises(IOEngineError, match="overruns"):  # refused before any I/O
+                await store.raw_direct_read(
+                    twice, extent.nbytes, extent.byte_offset, buf_offset=extent.nbytes + 4096
+                )
 
 
 def test_device_lanes_refuse_a_buffer_smaller_than_an_image() -> None:
