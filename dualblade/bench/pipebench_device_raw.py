@@ -104,8 +104,15 @@ async def raw_device_pass(
     store: KVStore, ctx: KVContext, lanes: list[DeviceLane], slots: StorageSlots
 ) -> None:
     """Every extent once, read (at most ``slots`` reads at a time) and copied to the device;
-    ends when the last copy has."""
+    ends when the last copy has.
+
+    Raises:
+        ValueError: an extent is larger than a lane's image (it would overrun into the next).
+    """
     extents = list(await ctx.direct_map())
+    image_bytes = min(lane.host.numel() for lane in lanes)
+    if (largest := max(extent.nbytes for extent in extents)) > image_bytes:
+        raise ValueError(f"an extent of {largest} bytes does not fit an image of {image_bytes}")
     async with anyio.create_task_group() as tg:
         for index, lane in enumerate(lanes):
             tg.start_soon(_lane_pass, store, lane, extents[index :: len(lanes)], slots)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dualblade.bench.pipebench import _raw_buffers, _raw_pass, direct_only, prefill_random
-from dualblade.bench.pipebench_device_raw import device_lanes, raw_device_pass
+from dualblade.bench.pipebench_device_raw import DeviceLane, device_lanes, raw_device_pass
 from dualblade.io_engine import AlignedBuffer, IOEngineError, StorageSlots
 from dualblade.pipeline import config_from_mapping, pin_bytes
 from dualblade.store import open_store
@@ -85,6 +85,19 @@ async def test_a_raw_read_lands_at_its_buffer_offset(tmp_path: Path) -> None:
 def test_device_lanes_refuse_a_buffer_smaller_than_an_image() -> None:
     with AlignedBuffer(4096) as small, pytest.raises(ValueError, match="holds no image"):
         device_lanes([small], 8192, torch.device("cuda"))
+
+
+async def test_the_device_raw_side_refuses_extents_larger_than_its_images(tmp_path: Path) -> None:
+    config = _config(tmp_path)
+    async with open_store(config, device="cpu") as store, store.context() as ctx:
+        await prefill_random(ctx, store)
+        extent = next(iter(await ctx.direct_map()))
+        with AlignedBuffer(extent.nbytes) as buffer:
+            small = 4096  # smaller than any extent: the first read would overrun the image
+            lane = DeviceLane(buffer, 0, buffer.tensor(count=small), torch.empty(small), None)  # type: ignore[arg-type]  # no stream: refused before any copy
+            with pytest.raises(ValueError, match="does not fit an image"):
+                await raw_device_pass(store, ctx, [lane], StorageSlots(1))
+            del lane
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
