@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from dualblade.io_engine._request import IORequest
 from dualblade.io_engine.errors import IOEngineError
+
+if TYPE_CHECKING:
+    from dualblade.io_engine._request import IORequest
 
 #: The lanes, in the order a refill serves them.
 LANES = ("page-cache", "device")

@@ -15,7 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from dualblade.io_engine.errors import IOFailedError
+from dualblade.io_engine._lanes import check_lane
+from dualblade.io_engine.errors import IOEngineError, IOFailedError
 
 if TYPE_CHECKING:
     from dualblade.io_engine.buffers import AlignedBuffer
@@ -199,3 +200,40 @@ class IORequest:
         if self.cancelled and not self.complete():
             raise CancelledError
         return self.done_bytes
+
+
+def checked_request(
+    kind: Kind,
+    target: Target,
+    buf: AlignedBuffer | None,
+    size: int,
+    offset: int,
+    buf_offset: int,
+    notify: Callable[[], None],
+    passthrough_ring: bool,
+    max_chunk: int | None,
+) -> IORequest:
+    """The request for a transfer, its arguments checked here, on the caller's thread (the
+    ring thread must not raise). ``passthrough_ring``: the engine's ring carries NVMe commands;
+    ``max_chunk``: the engine's cap on a device's commands.
+
+    Raises:
+        IOEngineError: a passthrough target on a plain ring, or the range overruns ``buf``.
+        TargetError: misaligned or out-of-range arguments (``Target.check_io``).
+    """
+    if target.passthrough and not passthrough_ring:
+        raise IOEngineError(
+            f"{target.name} takes NVMe passthrough commands: open the engine with passthrough=True"
+        )
+    check_lane(target)
+    address = None
+    if buf is not None:
+        if buf_offset < 0 or buf_offset + size > buf.size:
+            raise IOEngineError(
+                f"{kind.value} of {size} bytes at buffer offset {buf_offset} overruns the "
+                f"{buf.size}-byte buffer"
+            )
+        address = buf.address + buf_offset
+    target.check_io(kind.value, offset, size, address)
+    chunk = target.max_trim if kind is Kind.TRIM else target.command_bytes(size, max_chunk)
+    return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)
