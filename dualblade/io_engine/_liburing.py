@@ -42,6 +42,11 @@ _PROTOTYPES: dict[str, tuple[object, tuple[object, ...]]] = {
     "io_uring_cq_advance": (None, (_c_void_p, _c_uint)),
     "io_uring_register_buffers": (_c_int, (_c_void_p, _c_void_p, _c_uint)),
     "io_uring_unregister_buffers": (_c_int, (_c_void_p,)),
+    "io_uring_register_buffers_sparse": (_c_int, (_c_void_p, _c_uint)),
+    "io_uring_register_buffers_update_tag": (
+        _c_int,
+        (_c_void_p, _c_uint, _c_void_p, _c_void_p, _c_uint),
+    ),
     "io_uring_prep_read": (None, (_c_void_p, _c_int, _c_void_p, _c_uint, _c_u64)),
     "io_uring_prep_write": (None, (_c_void_p, _c_int, _c_void_p, _c_uint, _c_u64)),
     "io_uring_prep_read_fixed": (None, (_c_void_p, _c_int, _c_void_p, _c_uint, _c_u64, _c_int)),

@@ -67,6 +67,12 @@ class ThreadPoolBackend:
     def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None:
         """Nothing to register: plain syscalls pin pages per call."""
 
+    def add_fixed_buffer(self, buffer: AlignedBuffer) -> str | None:
+        return "the thread-pool engine has no io_uring ring to register buffers with"
+
+    def remove_fixed_buffer(self, buffer: AlignedBuffer) -> None:
+        """Nothing was registered."""
+
     def buffer_index(self, buffer: AlignedBuffer) -> int | None:
         return None
 

@@ -30,8 +30,7 @@ import anyio
 
 from dualblade.io_engine._backend import open_backend
 from dualblade.io_engine._chunk_observers import chained
-from dualblade.io_engine._lanes import check_lane
-from dualblade.io_engine._request import CancelledError, IORequest, Kind
+from dualblade.io_engine._request import CancelledError, IORequest, Kind, checked_request
 from dualblade.io_engine._threadpool import ThreadPoolBackend
 from dualblade.io_engine._waker import async_waker, blocking_waker
 from dualblade.io_engine.buffers import AlignedBuffer
@@ -119,6 +118,15 @@ class IOEngine:
         """Register buffers as io_uring fixed buffers (once per engine; no-op in compat mode)."""
         self._backend.register_buffers(buffers)
 
+    def add_fixed_buffer(self, buffer: AlignedBuffer) -> str | None:
+        """Register one more buffer, later (``_fixed_buffers.py`` says what that saves): None
+        when it is fixed now, else why not (its I/O works either way)."""
+        return self._backend.add_fixed_buffer(buffer)
+
+    def remove_fixed_buffer(self, buffer: AlignedBuffer) -> None:
+        """Give ``buffer``'s slot back before it closes (one collected frees its own)."""
+        self._backend.remove_fixed_buffer(buffer)
+
     def is_registered(self, buffer: AlignedBuffer) -> bool:
         """Whether transfers on ``buffer`` use the ring's fixed-buffer commands."""
         return self._backend.buffer_index(buffer) is not None
@@ -132,27 +140,13 @@ class IOEngine:
         size: int,
         offset: int,
         buf_offset: int,
-        notify: object,
+        notify: Callable[[], None],
     ) -> IORequest:
         if self._closed:
             raise IOEngineError("the I/O engine is closed")
-        if target.passthrough and not self.passthrough:
-            raise IOEngineError(
-                f"{target.name} takes NVMe passthrough commands: open the engine with "
-                "passthrough=True"
-            )
-        check_lane(target)  # here, on the caller's thread: the ring thread must not raise
-        address = None
-        if buf is not None:
-            if buf_offset < 0 or buf_offset + size > buf.size:
-                raise IOEngineError(
-                    f"{kind.value} of {size} bytes at buffer offset {buf_offset} overruns the "
-                    f"{buf.size}-byte buffer"
-                )
-            address = buf.address + buf_offset
-        target.check_io(kind.value, offset, size, address)
-        chunk = target.max_trim if kind is Kind.TRIM else target.command_bytes(size, self.max_chunk)
-        return IORequest(kind, target, buf, buf_offset, size, offset, chunk, notify)  # type: ignore[arg-type]
+        return checked_request(
+            kind, target, buf, size, offset, buf_offset, notify, self.passthrough, self.max_chunk
+        )
 
     def _submit(self, request: IORequest) -> None:
         try:

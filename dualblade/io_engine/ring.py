@@ -17,14 +17,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from time import perf_counter
-from typing import Any
+from typing import Any, TypeVar
 
 from dualblade.io_engine import _liburing, _uapi, opcodes
+from dualblade.io_engine._fixed_buffers import FixedBufferTable
 from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
 from dualblade.io_engine._ring_setup import init_ring
@@ -42,6 +44,8 @@ _UD_WAKE = 1
 _UD_FIRST = 16
 
 _REAP_BATCH = 64
+
+_T = TypeVar("_T")
 
 
 class Ring:
@@ -78,8 +82,8 @@ class Ring:
         self.observer: ChunkObserver | None = None
         self._next_ud = _UD_FIRST
         self._pending_cancels: list[int] = []
-        self._registered: dict[int, int] = {}  # id(buffer) -> index
-        self._registered_buffers: list[AlignedBuffer] = []
+        self._fixed = FixedBufferTable(self.lib, self._ring, functools.partial(self._post, "call"))
+        self._fixed_index = self._fixed.index_by_id  # id(buffer) -> index, for every chunk
         self._stopping = False
         self._fatal: BaseException | None = None
         self.chunks_submitted = 0
@@ -110,26 +114,52 @@ class Ring:
         self._post("cancel", request)
 
     def register_buffers(self, buffers: Sequence[AlignedBuffer]) -> None:
-        """Register fixed buffers (``IORING_REGISTER_BUFFERS``); blocks until done.
+        """Register fixed buffers, the ring's first (``IORING_REGISTER_BUFFERS``); blocks until
+        done.
 
         Raises:
             IOEngineError: the kernel refused, e.g. over ``RLIMIT_MEMLOCK`` as non-root.
         """
-        done = threading.Event()
-        outcome: list[BaseException | None] = [None]
+        self._call_on_thread(lambda: self._fixed.register_first(buffers))
 
-        def register() -> None:
+    def add_fixed_buffer(self, buffer: AlignedBuffer) -> str | None:
+        """Register one more fixed buffer; None when it is fixed now, else why it is not."""
+        if self.passthrough:
+            return "NVMe passthrough commands do not use fixed buffers"
+        try:
+            return self._call_on_thread(lambda: self._fixed.add(buffer))
+        except IOEngineError as error:  # the ring is closed or dead
+            return str(error)
+
+    def remove_fixed_buffer(self, buffer: AlignedBuffer) -> None:
+        """Give a buffer's slot in the fixed-buffer table back (nothing if it has none)."""
+        if self._fixed_index.get(id(buffer)) is None:
+            return
+        with contextlib.suppress(IOEngineError):  # a closed or dead ring took its table along
+            self._call_on_thread(lambda: self._fixed.remove(buffer))
+
+    def _call_on_thread(self, call: Callable[[], _T]) -> _T:
+        """Run ``call`` on the ring thread (liburing's register calls belong to its owner) and
+        return or raise what it did; blocks until then."""
+        if threading.get_ident() == self._thread.ident:
+            return call()
+        done = threading.Event()
+        outcome: list[Any] = [None, None]  # the result, the error
+
+        def run() -> None:
             try:
-                self._do_register(buffers)
+                outcome[0] = call()
             except BaseException as error:  # delivered to the caller below
-                outcome[0] = error
+                outcome[1] = error
             finally:
                 done.set()
 
-        self._post("call", register)
+        self._post("call", run)
         done.wait()
-        if outcome[0] is not None:
-            raise outcome[0]
+        if outcome[1] is not None:
+            raise outcome[1]
+        result: _T = outcome[0]
+        return result
 
     @property
     def peak_inflight(self) -> int:
@@ -143,7 +173,7 @@ class Ring:
 
     def buffer_index(self, buffer: AlignedBuffer) -> int | None:
         """The fixed-buffer index of ``buffer`` in this ring, or None if not registered."""
-        return self._registered.get(id(buffer))
+        return self._fixed_index.get(id(buffer))
 
     def close(self) -> None:
         """Finish everything in flight, stop the thread and tear down the ring (idempotent)."""
@@ -270,7 +300,7 @@ class Ring:
             return op
         buffer = request.buffer
         assert buffer is not None
-        index = self._registered.get(id(buffer)) if not target.passthrough else None
+        index = self._fixed_index.get(id(buffer)) if not target.passthrough else None
         return target.io_op(
             request.is_write,
             buffer.address + request.buf_offset + rel,
@@ -330,26 +360,6 @@ class Ring:
         if request.retries and not request.stopped:
             self._queues.add_first(request)
 
-    def _do_register(self, buffers: Sequence[AlignedBuffer]) -> None:
-        if self._registered_buffers:
-            raise IOEngineError("fixed buffers are already registered with this ring")
-        iovecs = (_uapi.Iovec * len(buffers))(
-            *(_uapi.Iovec(buffer.address, buffer.size) for buffer in buffers)
-        )
-        rc = self.lib.io_uring_register_buffers(self._ring, iovecs, len(buffers))
-        if rc < 0:
-            hint = (
-                " (registering pins memory: raise RLIMIT_MEMLOCK, `ulimit -l`, or run as root)"
-                if -rc in (errno.ENOMEM, errno.EPERM)
-                else ""
-            )
-            raise IOEngineError(
-                f"registering {len(buffers)} fixed buffer(s) of "
-                f"{sum(b.size for b in buffers)} bytes failed: {os.strerror(-rc)}{hint}"
-            )
-        self._registered = {id(buffer): i for i, buffer in enumerate(buffers)}
-        self._registered_buffers = list(buffers)
-
     def _fail_everything(self, error: BaseException) -> None:
         """Report the ring's death to every waiting caller instead of leaving them hanging.
 
@@ -371,5 +381,5 @@ class Ring:
         if self._eventfd >= 0:
             os.close(self._eventfd)
             self._eventfd = -1
-        self._registered_buffers = []
+        self._fixed.forget()
         self._ring_mem = None  # type: ignore[assignment]
