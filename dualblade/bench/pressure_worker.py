@@ -68,6 +68,8 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     steps: list[dict[str, Any]] = []
     report: dict[str, Any] = {"policy": config.policy, "replan": spec.get("replan", True)}
     async with open_store(config, device=device, replan=spec.get("replan", True)) as store:
+        for made_first in buffers:
+            store.fix_read_buffers(made_first)  # as the engine's own buffers are
         async with store.context() as ctx:
             started = time.perf_counter()
             for layer in range(layers):

@@ -127,6 +127,9 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
                 r, shape.kv_width, shape.dtype, device, config.copy_threads
             )
     async with open_store(config, device=device, replan=spec.get("replan", True)) as store:
+        for held in buffers.values():
+            for made_first in held:
+                store.fix_read_buffers(made_first)  # as the engine's own buffers are
         before = store.stats()
         if model is not None:
             records, sampler = await _serve_model(store, requests, model)

@@ -229,6 +229,8 @@ async def run_sweep_workload(
         ]
         if buffers is None:
             buffers = read_buffers(config, device)
+        for made_first in buffers:
+            store.fix_read_buffers(made_first)  # as the engine's own buffers are
         on_phase("decode_start")
         clock.decode_start = time.perf_counter()
         for step in range(decode_steps):

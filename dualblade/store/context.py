@@ -296,8 +296,10 @@ class KVContext:
 
     def read_buffers(self) -> ReadBuffers:
         """Buffers for :meth:`read`'s ``out``, one layer each (on the host, aligned memory that
-        direct reads land in); ``store.read_parallelism`` reads in flight need as many."""
-        return ReadBuffers(self.max_len, self.batch, self.width, self.dtype, self._runtime.device)
+        direct reads land in, fixed in the store's ring); ``store.read_parallelism`` reads in
+        flight need as many."""
+        r = self._runtime
+        return ReadBuffers(self.max_len, self.batch, self.width, self.dtype, r.device, r.engine)
 
     def read_order(self, buffers: int) -> ReadAhead:
         """How a decode step reads the layers into ``buffers`` buffers: direct ones early."""
@@ -313,15 +315,12 @@ class KVContext:
         """Rows ``[a, b)`` (default: all written rows) of a layer's K and V, on the device.
 
         ``out``: :meth:`read_buffers`, or tensors of ``[>= b - a, batch, width]`` on the store's
-        device to read into (their first ``b - a`` rows are filled and returned as views). A
-        caller that reads every step reuses its buffers this way; a fresh host tensor costs a
-        page fault and a page of zeroes per 4 KiB before the first byte is copied, which on the
-        CPU path cost as much as the copy itself. With :meth:`read_buffers` on the host, reads
-        of rows ``[0, b)`` land in them straight from storage.
+        device to read into (their first ``b - a`` rows are filled and returned as views): a
+        fresh host tensor per read costs a page fault and a page of zeroes per 4 KiB, as much
+        as the copy on the CPU path. :meth:`read_buffers` take rows ``[0, b)`` from storage.
 
         Raises:
-            KVShapeError: rows outside what was written; ``out`` of the wrong shape, dtype or
-                device.
+            KVShapeError: rows outside what was written; ``out`` of a wrong shape, dtype or device.
             LayerLostError: an earlier write of the layer failed or was cancelled.
         """
         self._check_layer(layer)

@@ -48,6 +48,7 @@ from dualblade.pipeline import (
 )
 from dualblade.store.context import KVContext
 from dualblade.store.context_shape import context_config
+from dualblade.store.read_buffers import ReadBuffers
 from dualblade.store.replanner import BUDGETED_MEDIA, Replanner
 from dualblade.store.residency_ledger import ResidencyLedger
 from dualblade.store.runtime import Runtime, start_runtime
@@ -272,6 +273,12 @@ class KVStore:
         """Call ``observer`` for each completed I/O chunk (io_uring only; on the ring thread):
         the bench's request log and a trace's I/O track."""
         self.runtime.engine.observe_chunks(observer)
+
+    def fix_read_buffers(self, buffers: ReadBuffers) -> bool:
+        """Register read buffers made before the store with its ring, as ``ctx.read_buffers()``
+        does its own (a bench makes its buffers first, so that the budget counts their pages);
+        see :meth:`ReadBuffers.fix_in`."""
+        return buffers.fix_in(self.runtime.engine)
 
     def pinned_buffers(self) -> list[AlignedBuffer]:
         """The copy threads' pinned buffers, registered with the ring where it can: memory that
