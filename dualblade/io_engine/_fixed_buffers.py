@@ -56,18 +56,20 @@ class FixedBufferTable:
         self._refs: dict[int, tuple[int, weakref.ref[AlignedBuffer]]] = {}
         self._free: list[int] = []
         self._growable = False
-        self._made = False
+        self._made = False  # a table exists in the kernel
+        self._first_done = False  # ``register_first`` ran
 
     def register_first(self, buffers: Sequence[AlignedBuffer]) -> None:
-        """Make the table with ``buffers`` at indexes 0, 1, ...
+        """Register the ring's first buffers (once), in a table with room for more.
 
         Raises:
-            IOEngineError: a table exists already, or the kernel refused (e.g. over
-                ``RLIMIT_MEMLOCK`` as non-root).
+            IOEngineError: first buffers were registered already, or the kernel refused (e.g.
+                over ``RLIMIT_MEMLOCK`` as non-root).
         """
-        if self._made:
+        if self._first_done:
             raise IOEngineError("fixed buffers are already registered with this ring")
-        if not self._make_sparse(len(buffers) + SPARE_SLOTS):
+        self._first_done = True
+        if not self._made and not self._make_sparse(len(buffers) + SPARE_SLOTS):
             self._register_all(buffers)  # no sparse tables here: a table of exactly these
             return
         for buffer in buffers:
