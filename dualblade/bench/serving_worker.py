@@ -52,7 +52,7 @@ async def _serve_model(store: Any, requests: list[Any], model: Any) -> tuple[lis
     """Real inference: each request generates with the OPT engine in a context of its shape."""
     import anyio
 
-    from dualblade.bench.serving_workload import RequestRecord, ResidencySampler
+    from dualblade.bench.serving_workload import RequestRecord, ResidencySampler, sleep_until
     from dualblade.errors import plain_errors
     from dualblade.models import random_prompts
 
@@ -64,7 +64,7 @@ async def _serve_model(store: Any, requests: list[Any], model: Any) -> tuple[lis
     async def serve(record: Any) -> None:
         spec = record.spec
         prompts = random_prompts(spec.batch, spec.prompt_len, model.arch.vocab_size, spec.index)
-        await anyio.sleep(max(0.0, spec.arrival_s - (time.perf_counter() - start)))
+        await sleep_until(spec.arrival_s, lambda: time.perf_counter() - start)
         record.opened_s = last = time.perf_counter()
         stream = model.stream(prompts, spec.new_tokens, provider, fit=True)
         async with contextlib.aclosing(stream) as tokens:

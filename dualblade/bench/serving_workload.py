@@ -130,6 +130,14 @@ def request_buffers(
     return out
 
 
+async def sleep_until(moment: float, clock: Callable[[], float]) -> None:
+    """Sleep until ``clock()`` reads ``moment`` or later. uvloop's timers count whole
+    milliseconds of a clock it reads once per loop turn, so one sleep may end up to 1 ms early:
+    a request opened before its arrival, and its TTFT read less than its prefill."""
+    while (left := moment - clock()) > 0:
+        await anyio.sleep(left)
+
+
 @dataclass
 class RequestRecord:
     """What one request saw, in seconds since the run's start."""
@@ -214,7 +222,7 @@ async def run_serving_workload(
     async def serve(record: RequestRecord) -> None:
         nonlocal done
         spec = record.spec
-        await anyio.sleep(max(0.0, spec.arrival_s - now()))
+        await sleep_until(spec.arrival_s, now)
         record.opened_s = now()
         async with store.context(batch=spec.batch, max_len=spec.max_len) as ctx:
             sampler.live[ctx.id] = ctx

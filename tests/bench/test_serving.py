@@ -275,3 +275,19 @@ def test_a_wrong_byte_in_a_read_fails_the_check() -> None:
             data.check("K", request, 2, bad)
     with pytest.raises(VerificationError):  # another request's rows
         data.check("K", draw_requests(2, seed=3, **KNOBS)[1], 2, read)
+
+
+@pytest.mark.anyio
+async def test_a_request_never_opens_before_its_arrival() -> None:
+    """A sleep that ends early (uvloop's timers count whole milliseconds) is slept again."""
+    from dualblade.bench.serving_workload import sleep_until
+
+    readings = iter([0.0, 0.0095, 0.0099, 0.0101])  # two wake-ups before the arrival at 10 ms
+    seen: list[float] = []
+
+    def clock() -> float:
+        seen.append(next(readings))
+        return seen[-1]
+
+    await sleep_until(0.01, clock)
+    assert seen == [0.0, 0.0095, 0.0099, 0.0101]
