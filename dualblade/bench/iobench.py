@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from dualblade import event_loop
 from dualblade.bench import fio
 from dualblade.bench.page_cache import drop_file_cache
 from dualblade.errors import ConfigError
@@ -193,14 +194,14 @@ def run_iobench(
     try:
         engine.register_buffers(buffers)
         # Unmeasured first write: materialize the file's extents for everyone.
-        anyio.run(_stream, engine, target, buffers, size, True)
+        event_loop.run(_stream, engine, target, buffers, size, True)
 
         def ours(op: str) -> float:
             nonlocal cpu_us, chunks
             before_chunks = engine.chunks_submitted
             before = resource.getrusage(resource.RUSAGE_SELF).ru_utime
             start = time.perf_counter()
-            anyio.run(_stream, engine, target, buffers, size, op == "write")
+            event_loop.run(_stream, engine, target, buffers, size, op == "write")
             elapsed = time.perf_counter() - start
             cpu_us += (resource.getrusage(resource.RUSAGE_SELF).ru_utime - before) * 1e6
             chunks += engine.chunks_submitted - before_chunks
@@ -268,12 +269,12 @@ def _page_cache_run(
     target = PageCacheFile(cached_path, size)
     try:
         start = time.perf_counter()
-        anyio.run(_stream, engine, target, buffers, size, True)
+        event_loop.run(_stream, engine, target, buffers, size, True)
         target.flush()
         write_bw = size / (time.perf_counter() - start)
         drop_file_cache(cached_path)
         start = time.perf_counter()
-        anyio.run(_stream, engine, target, buffers, size, False)
+        event_loop.run(_stream, engine, target, buffers, size, False)
         read_bw = size / (time.perf_counter() - start)
     finally:
         target.close()

@@ -25,9 +25,9 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-import anyio
 import structlog
 
+from dualblade import event_loop
 from dualblade.bench.process_stats import MemorySample
 from dualblade.bench.soak import run_in_folder
 from dualblade.bench.soak_options import options_from_json
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> int:
     seconds = max(0.5, deadline - time.monotonic())
     options = type(options)(**{**vars(options), "seconds": seconds, "kill_restart": False})
     reporter = LineReporter(sys.stdout)
-    document = anyio.run(run_in_folder, options, folder, None, reporter)
+    document = event_loop.run(run_in_folder, options, folder, None, reporter)
     reporter.emit("finished", document=document)
     return 0 if document["ok"] else 1
 

@@ -31,12 +31,11 @@ def run_worker(run_spec: RunSpec, argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     spec = json.loads(Path(args[0]).read_text())
     join_cgroup(spec)
-    import anyio
-
+    from dualblade import event_loop
     from dualblade.errors import DualbladeError
 
     try:
-        report = anyio.run(run_spec, spec)
+        report = event_loop.run(run_spec, spec)
     except DualbladeError as error:
         Path(spec["out"]).write_text(json.dumps({"error": f"{type(error).__name__}: {error}"}))
         return 1

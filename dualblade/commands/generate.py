@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
-
+from dualblade import event_loop
 from dualblade.commands._output import format_table, print_json
 from dualblade.errors import ConfigError
 
@@ -182,7 +181,7 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
             report["path_split"] = {"memory_layers": list(range(model.arch.num_layers))}
         return report
 
-    report = anyio.run(main)
+    report = event_loop.run(main)
     if args.trace is not None:
         try:
             tracer.write(args.trace)

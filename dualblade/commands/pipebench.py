@@ -6,8 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-import anyio
-
+from dualblade import event_loop
 from dualblade.commands._output import print_json
 from dualblade.errors import ConfigError
 
@@ -48,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     config = load_run_config(args.config, None)
     if args.path == "page-cache":
         return _page_cache(args, config)
-    result = anyio.run(
+    result = event_loop.run(
         lambda: run_pipebench(
             config,
             runs=args.runs,
@@ -90,7 +89,7 @@ def _page_cache(args: argparse.Namespace, config: Any) -> int:
 
     if args.target is not None:
         raise ConfigError("--target names a direct target: it does not apply to --path page-cache")
-    result = anyio.run(
+    result = event_loop.run(
         lambda: run_page_cache_pipebench(
             config,
             runs=args.runs,

@@ -13,8 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
-
+from dualblade import event_loop
 from dualblade.commands._output import format_table, print_json
 from dualblade.commands._progress import ProgressBar
 
@@ -66,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
             report["budget"] = store.plan.budget.to_dict()
         return report
 
-    report = anyio.run(main)
+    report = event_loop.run(main)
     if trace_path is not None:
         tracer.write(trace_path)
         report["trace"] = str(trace_path)

@@ -12,8 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import anyio
-
+from dualblade import event_loop
 from dualblade.commands._output import format_table, print_json
 from dualblade.errors import ConfigError
 
@@ -106,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.max_rss_growth <= 0:
         raise ConfigError(f"--max-rss-growth must be positive, got {args.max_rss_growth}")
-    report = anyio.run(
+    report = event_loop.run(
         lambda: run_soak(options, progress=lambda line: print(line, file=sys.stderr, flush=True))
     )
     if args.json:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
+from dualblade import event_loop
 from dualblade.pipeline import PipelineConfig
 from dualblade.store.context import KVContext
 from dualblade.store.kv_store import KVStore, open_store
@@ -93,9 +94,11 @@ class BlockingStore:
 def open_store_blocking(
     config: PipelineConfig, *, backend: str = "asyncio", **options: Any
 ) -> Iterator[BlockingStore]:
-    """Start a store on a background event loop; arguments as :func:`open_store`."""
+    """Start a store on a background event loop (asyncio's: on uvloop where installed, see
+    :mod:`dualblade.event_loop`); arguments as :func:`open_store`."""
+    loop_options = event_loop.backend_options() if backend == "asyncio" else None
     with (
-        start_blocking_portal(backend) as portal,
+        start_blocking_portal(backend, loop_options) as portal,
         portal.wrap_async_context_manager(open_store(config, **options)) as store,
     ):
         yield BlockingStore(portal, store)

@@ -32,6 +32,7 @@ from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
+from dualblade import event_loop
 from dualblade.integrations.lmcache.completions import Completions
 from dualblade.integrations.lmcache.l1_memory import l1_region, untouched_bytes
 from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
@@ -115,7 +116,9 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         exits = contextlib.ExitStack()
         try:
             self._portal = exits.enter_context(
-                start_blocking_portal("asyncio", name="dualblade-lmcache")
+                start_blocking_portal(
+                    "asyncio", event_loop.backend_options(), name="dualblade-lmcache"
+                )
             )
             # The store's host copies run on this thread, one object's K or V (~512 KiB) at a
             # time with many in flight. torch's OpenMP pool would split each copy over every
