@@ -210,6 +210,7 @@ def checked_request(
     offset: int,
     buf_offset: int,
     notify: Callable[[], None],
+    *,
     passthrough_ring: bool,
     max_chunk: int | None,
 ) -> IORequest:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import anyio
 
@@ -132,21 +132,11 @@ class IOEngine:
         return self._backend.buffer_index(buffer) is not None
 
     # -- request construction ----------------------------------------------------------------
-    def _request(
-        self,
-        kind: Kind,
-        target: Target,
-        buf: AlignedBuffer | None,
-        size: int,
-        offset: int,
-        buf_offset: int,
-        notify: Callable[[], None],
-    ) -> IORequest:
+    def _rules(self) -> dict[str, Any]:
+        """What :func:`checked_request` needs of this engine; raises once it is closed."""
         if self._closed:
             raise IOEngineError("the I/O engine is closed")
-        return checked_request(
-            kind, target, buf, size, offset, buf_offset, notify, self.passthrough, self.max_chunk
-        )
+        return {"passthrough_ring": self.passthrough, "max_chunk": self.max_chunk}
 
     def _submit(self, request: IORequest) -> None:
         try:
@@ -220,7 +210,10 @@ class IOEngine:
     ) -> int:
         event, wake = async_waker()
         box: list[IORequest] = []
-        make = functools.partial(self._request, kind, target, buf, size, offset, buf_offset)
+        rules = self._rules()
+        make = functools.partial(
+            checked_request, kind, target, buf, size, offset, buf_offset, **rules
+        )
         cancel = self._start(make, wake, slots, box)
         try:
             await event.wait()
@@ -265,7 +258,14 @@ class IOEngine:
 
         try:
             make = functools.partial(
-                self._request, Kind.READ, target, buf, size, file_offset, buf_offset
+                checked_request,
+                Kind.READ,
+                target,
+                buf,
+                size,
+                file_offset,
+                buf_offset,
+                **self._rules(),
             )
             return self._start(make, ended, slots, box)
         except Exception:
@@ -361,7 +361,9 @@ class IOEngine:
         buf_offset: int,
     ) -> int:
         event, wake = blocking_waker()
-        request = self._request(kind, target, buf, size, offset, buf_offset, wake)
+        request = checked_request(
+            kind, target, buf, size, offset, buf_offset, wake, **self._rules()
+        )
         self._submit(request)
         try:
             event.wait()
