@@ -4,9 +4,9 @@ The actors' messages, the ring's and the GPU copies' wake-ups and every task ste
 event loop's thread, so its own cost is paid per KPU. On the H200 machine a third of the loop's
 GIL samples were asyncio's task stepping and its ``_run_once`` (docs/pipeline-profile.md).
 uvloop (libuv under asyncio's interface, kept by the MagicStack team and the default of uvicorn)
-runs the same coroutines with that part in C. In one call there, pipebench's CUDA pipeline
-reached 0.92-0.95 of the raw engine under uvloop against 0.79-0.92 under asyncio's loop, three
-invocations each, alternated.
+runs the same coroutines with that part in C. There, over six alternated pairs of pipebench's
+CUDA side in two calls, the pipeline reached a median 0.90 of the raw engine under uvloop
+against 0.82 under asyncio's loop, with less CPU per GB in all six pairs.
 
 This decides the loop of the commands, the bench's worker processes and the loops dualblade
 starts on a thread of its own (``open_store_blocking``, the LMCache adapter). An application

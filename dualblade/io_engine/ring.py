@@ -143,6 +143,9 @@ class Ring:
         return or raise what it did; blocks until then."""
         if threading.get_ident() == self._thread.ident:
             return call()
+        if not self._thread.is_alive():  # nobody would run it (a daemon thread at exit, say)
+            closed = self._stopping or self._fatal is not None
+            raise IOEngineError("the I/O engine is closed" if closed else "the ring thread ended")
         done = threading.Event()
         outcome: list[Any] = [None, None]  # the result, the error
 

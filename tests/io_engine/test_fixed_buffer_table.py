@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import os
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -171,3 +172,23 @@ def test_a_closed_engine_says_why_and_forgets_its_table() -> None:
         assert refusal is not None
         assert "closed" in refusal
         engine.remove_fixed_buffer(kept)  # the table went with the ring: nothing to do
+
+
+def test_a_ring_whose_thread_is_gone_refuses_rather_than_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A daemon ring thread ended at interpreter exit would never answer: no wait for it."""
+    engine = IOEngine(queue_depth=4, compat="off")
+    ring = engine._backend
+    alive = ring._thread  # type: ignore[attr-defined]
+    gone = threading.Thread(target=lambda: None)
+    gone.start()
+    gone.join()
+    monkeypatch.setattr(ring, "_thread", gone)
+    with AlignedBuffer(SIZE) as buffer:
+        refusal = engine.add_fixed_buffer(buffer)
+        assert refusal is not None
+        assert "ring thread ended" in refusal
+        engine.remove_fixed_buffer(buffer)
+    monkeypatch.setattr(ring, "_thread", alive)
+    engine.close()
