@@ -19,7 +19,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import os
+import resource
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -33,6 +35,41 @@ from dualblade.io_engine.errors import IOEngineError
 SPARE_SLOTS = 256
 
 _MEMLOCK_HINT = " (registering pins memory: raise RLIMIT_MEMLOCK, `ulimit -l`, or run as root)"
+
+#: ``CAP_IPC_LOCK``'s bit in ``/proc/self/status``'s ``CapEff``.
+_CAP_IPC_LOCK = 14
+
+
+def ipc_lock_in(status: str) -> bool:
+    """Whether ``/proc/self/status`` text grants ``CAP_IPC_LOCK`` (effective)."""
+    for line in status.splitlines():
+        if line.startswith("CapEff:"):
+            return bool(int(line.split()[1], 16) >> _CAP_IPC_LOCK & 1)
+    return False
+
+
+@functools.cache
+def memlock_note() -> str | None:
+    """Why buffers after the first stay unregistered in this process, or None.
+
+    io_uring charges pinned pages to the user's ``RLIMIT_MEMLOCK`` unless the process holds
+    ``CAP_IPC_LOCK``. Under a finite limit, read buffers pinned by one store would take the room
+    the copy threads' buffers of the next store need to start (every store of the user counts),
+    so only the first buffers are registered there.
+    """
+    soft, _hard = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as status:
+            if ipc_lock_in(status.read()):
+                return None
+    except OSError:
+        pass
+    return (
+        f"pinned memory counts against RLIMIT_MEMLOCK ({soft} bytes) here: kept for the copy "
+        "threads' buffers"
+    )
 
 
 class FixedBufferTable:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any, TypeVar
 
-from dualblade.io_engine import _liburing, _uapi, opcodes
+from dualblade.io_engine import _fixed_buffers, _liburing, _uapi, opcodes
 from dualblade.io_engine._fixed_buffers import FixedBufferTable
 from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
@@ -126,6 +126,8 @@ class Ring:
         """Register one more fixed buffer; None when it is fixed now, else why it is not."""
         if self.passthrough:
             return "NVMe passthrough commands do not use fixed buffers"
+        if (note := _fixed_buffers.memlock_note()) is not None:
+            return note
         try:
             return self._call_on_thread(lambda: self._fixed.add(buffer))
         except IOEngineError as error:  # the ring is closed or dead

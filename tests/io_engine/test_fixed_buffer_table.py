@@ -20,13 +20,20 @@ SIZE = 1 << 20
 
 
 @pytest.fixture
-def ring_engine() -> Iterator[IOEngine]:
-    """An io_uring engine whose ring takes buffers after its first ones (Linux 5.19+)."""
+def later_buffers() -> None:
+    """Skip, saying why, where a ring takes no buffers after its first ones."""
+    if (note := _fixed_buffers.memlock_note()) is not None:
+        pytest.skip(f"later buffers stay unregistered in this process: {note}")
     with IOEngine(queue_depth=4, compat="off") as asked, AlignedBuffer(4096) as probe:
         refusal = asked.add_fixed_buffer(probe)  # on an engine of its own: it makes a table
         if refusal is not None and "this kernel" in refusal:
             pytest.skip(f"no sparse fixed-buffer tables: {refusal}")
         asked.remove_fixed_buffer(probe)
+
+
+@pytest.fixture
+def ring_engine(later_buffers: None) -> Iterator[IOEngine]:
+    """An io_uring engine whose ring takes buffers after its first ones (Linux 5.19+)."""
     with IOEngine(queue_depth=4, compat="off", max_chunk=256 << 10) as engine:
         yield engine
 
@@ -162,6 +169,7 @@ def test_a_passthrough_ring_says_why_a_buffer_is_not_fixed() -> None:
         assert not engine.is_registered(buffer)
 
 
+@pytest.mark.usefixtures("later_buffers")
 def test_a_closed_engine_says_why_and_forgets_its_table() -> None:
     engine = IOEngine(queue_depth=4, compat="off")
     with AlignedBuffer(SIZE) as kept, AlignedBuffer(SIZE) as late:
@@ -174,6 +182,7 @@ def test_a_closed_engine_says_why_and_forgets_its_table() -> None:
         engine.remove_fixed_buffer(kept)  # the table went with the ring: nothing to do
 
 
+@pytest.mark.usefixtures("later_buffers")
 def test_a_ring_whose_thread_is_gone_refuses_rather_than_waits(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -192,3 +201,30 @@ def test_a_ring_whose_thread_is_gone_refuses_rather_than_waits(
         engine.remove_fixed_buffer(buffer)
     monkeypatch.setattr(ring, "_thread", alive)
     engine.close()
+
+
+def test_under_a_finite_memlock_limit_later_buffers_stay_unregistered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without CAP_IPC_LOCK every pinned page counts against RLIMIT_MEMLOCK, and the next store's
+    copy threads need that room to start: only the first buffers are registered there."""
+    monkeypatch.setattr(_fixed_buffers, "memlock_note", lambda: "counts against RLIMIT_MEMLOCK")
+    with (
+        IOEngine(queue_depth=4, compat="off") as engine,
+        AlignedBuffer(SIZE) as first,
+        AlignedBuffer(SIZE) as later,
+    ):
+        engine.register_buffers([first])
+        assert engine.is_registered(first)
+        assert engine.add_fixed_buffer(later) == "counts against RLIMIT_MEMLOCK"
+        assert not engine.is_registered(later)
+
+
+@pytest.mark.parametrize(
+    ("cap_eff", "granted"),
+    [("000001fffeffffff", True), ("0000000000000000", False), ("0000000000004000", True)],
+)
+def test_cap_ipc_lock_is_read_from_the_effective_set(cap_eff: str, granted: bool) -> None:
+    status = f"Name:\tpython\nCapInh:\t0000000000004000\nCapEff:\t{cap_eff}\n"
+    assert _fixed_buffers.ipc_lock_in(status) is granted
+    assert not _fixed_buffers.ipc_lock_in("Name:\tpython\n")

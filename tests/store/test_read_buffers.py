@@ -117,6 +117,11 @@ async def test_read_buffers_are_fixed_in_the_ring_until_closed(make_config: Make
         engine = ctx.engine
         if engine.kind != "io_uring":
             pytest.skip(f"no io_uring ring here: {engine.fallback_reason}")
+        probe = ReadBuffers(1, 1, 8, torch.float16, torch.device("cpu"))
+        refusal = probe.landings[0] and engine.add_fixed_buffer(probe.landings[0].buffer)
+        probe.close()
+        if refusal:
+            pytest.skip(f"read buffers stay unregistered here: {refusal}")
         k, v = random_kv(config, 40, seed=5)
         await ctx.write(0, k, v)
         buffers = ctx.read_buffers()
