@@ -93,9 +93,13 @@ class ReadBuffers:
         """Register the host memory with ``engine``'s ring (once), so that direct reads into
         it skip pinning its pages chunk by chunk: 11 % of a tmpfs read's rate
         (``io_engine/_fixed_buffers.py``). False on a GPU, or where the engine cannot (its
-        reads work all the same); ``close`` gives the slot back."""
-        if self._engine is not None:
-            return self._engine is engine
+        reads work all the same); ``close`` gives the slot back. Buffers that outlive a store
+        and serve the next one move to the new engine."""
+        if self._engine is engine:
+            return True
+        if self._engine is not None and self._memory is not None:
+            self._engine.remove_fixed_buffer(self._memory)  # nothing if that store is closed
+            self._engine = None
         if self._memory is None or engine.add_fixed_buffer(self._memory) is not None:
             return False
         self._engine = engine

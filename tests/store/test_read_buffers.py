@@ -145,3 +145,29 @@ async def test_read_buffers_are_fixed_in_the_ring_until_closed(make_config: Make
         assert torch.equal(got_v, v)
         del got_k, got_v
     made_first.close()  # after the store: its ring took the table along
+
+
+async def test_read_buffers_that_outlive_a_store_are_fixed_in_the_next(make_config: MakeConfig):
+    config = make_config("direct", "aligned", prompt_len=40, max_new_tokens=4)
+    kept = ReadBuffers(
+        44, config.workload.batch, config.shape().kv_width, torch.float16, torch.device("cpu")
+    )
+    memory = kept.landings[0]
+    assert memory is not None
+    for seed in (6, 7):  # two stores, one after the other, reading into the same buffers
+        async with open_store(config, device="cpu") as store, store.context() as ctx:
+            engine = ctx.engine
+            probe = ReadBuffers(1, 1, 8, torch.float16, torch.device("cpu"))
+            refusal = probe.landings[0] and engine.add_fixed_buffer(probe.landings[0].buffer)
+            probe.close()
+            if engine.kind != "io_uring" or refusal:
+                pytest.skip(f"read buffers stay unregistered here: {refusal or engine.kind}")
+            assert store.fix_read_buffers(kept)  # the second store too: they move to its ring
+            assert engine.is_registered(memory.buffer)
+            k, v = random_kv(config, 40, seed=seed)
+            await ctx.write(0, k, v)
+            got_k, got_v = await ctx.read(0, out=kept)
+            assert torch.equal(got_k, k)
+            assert torch.equal(got_v, v)
+            del got_k, got_v
+    kept.close()
