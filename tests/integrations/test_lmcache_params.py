@@ -3,10 +3,12 @@ laid over it, and one clear error for each kind of mistake, at construction."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from dualblade.integrations.lmcache import (
     AdapterParamsError,
@@ -82,6 +84,7 @@ def test_a_config_file_with_keys_laid_over_it(tmp_path: Path) -> None:
         ({"config": "/nonexistent/kv.toml"}, r"adapter_params\.config: .*No such file"),
         ({"config": 7}, r"adapter_params\.config must be a file path"),
         ({"replan": "yes"}, r"adapter_params\.replan must be true or false"),
+        ({"populate_l1": 1}, r"adapter_params\.populate_l1 must be true or false"),
         ({"stats_file": 3}, r"adapter_params\.stats_file must be a path"),
         (
             {
@@ -103,23 +106,31 @@ def test_a_failed_construction_leaves_no_folder(tmp_path: Path) -> None:
     assert list((tmp_path / "cache" / "dualblade").glob("lmcache-*")) == []
 
 
+@dataclasses.dataclass(frozen=True)
+class _L1Desc:
+    """What the adapter reads of LMCache's L1 description."""
+
+    ptr: int
+    size: int
+
+
+def _l1_and_params(tmp_path: Path, **own: object) -> tuple[torch.Tensor, _L1Desc, dict]:
+    """64 MiB of "L1" (large: mapped, not yet resident), its first 16 MiB touched, as LMCache
+    describes it, and params with the store's files under ``tmp_path``."""
+    l1 = torch.empty(64 << 20, dtype=torch.uint8)
+    l1[: 16 << 20].fill_(1)
+    files = {"page_cache_dir": str(tmp_path / "pc"), "direct": {"path": str(tmp_path / "d")}}
+    return l1, _L1Desc(l1.data_ptr(), l1.numel()), {"storage": files, **own}
+
+
 def test_untouched_l1_is_kept_out_of_the_page_cache_budget(tmp_path: Path) -> None:
     """LMCache's L1 that nobody touched yet is not in use yet: the adapter keeps it out of the
-    budget, and asks again at every reading, so what LMCache touches later is counted once."""
-    import torch
-
+    budget, and asks again at every reading, so what LMCache touches later is counted once
+    (with ``populate_l1`` off: the adapter leaves L1 as LMCache made it)."""
     from dualblade.integrations.lmcache import DualBladeL2Adapter as Adapter
 
-    l1 = torch.empty(64 << 20, dtype=torch.uint8)  # large: mapped, not yet resident
-    l1[: 16 << 20].fill_(1)
-
-    class L1:
-        ptr, size = l1.data_ptr(), l1.numel()
-
-    params = {
-        "storage": {"page_cache_dir": str(tmp_path / "pc"), "direct": {"path": str(tmp_path / "d")}}
-    }
-    adapter = Adapter(params, l1_memory_desc=L1())
+    l1, desc, params = _l1_and_params(tmp_path, populate_l1=False)
+    adapter = Adapter(params, l1_memory_desc=desc)
     try:
         read_budget = adapter.objects.store.runtime.budgeter._read  # a reading, as it polls
 
@@ -129,5 +140,24 @@ def test_untouched_l1_is_kept_out_of_the_page_cache_budget(tmp_path: Path) -> No
         assert 40 << 20 <= reserved_now() <= 48 << 20  # the untouched 48 MiB (huge pages aside)
         l1[16 << 20 : 48 << 20].fill_(2)
         assert 8 << 20 <= reserved_now() <= 16 << 20
+    finally:
+        adapter.close()
+
+
+def test_l1_is_made_resident_at_the_start_with_its_bytes_kept(tmp_path: Path) -> None:
+    """By default the adapter makes all of L1 resident before its store opens (so its loads'
+    O_DIRECT lands in pages had while memory was free), leaving what LMCache wrote as it was;
+    nothing of L1 is then left to reserve."""
+    from dualblade.integrations.lmcache import DualBladeL2Adapter as Adapter
+    from dualblade.integrations.lmcache.l1_memory import untouched_bytes
+
+    l1, desc, params = _l1_and_params(tmp_path)
+    assert untouched_bytes(desc.ptr, desc.size) >= 40 << 20
+    adapter = Adapter(params, l1_memory_desc=desc)
+    try:
+        assert untouched_bytes(desc.ptr, desc.size) == 0
+        assert adapter.objects.store.runtime.budgeter._read().detail.reserved_bytes == 0
+        assert bool((l1[: 16 << 20] == 1).all())
+        assert bool((l1[16 << 20 :] == 0).all())
     finally:
         adapter.close()

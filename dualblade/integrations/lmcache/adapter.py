@@ -34,7 +34,7 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
 from dualblade import event_loop
 from dualblade.integrations.lmcache.completions import Completions
-from dualblade.integrations.lmcache.l1_memory import l1_region, untouched_bytes
+from dualblade.integrations.lmcache.l1_memory import l1_region, populate, untouched_bytes
 from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
@@ -64,8 +64,9 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
     Args:
         adapter_params: the plugin spec's ``adapter_params`` (:mod:`.params`); None or ``{}``
             runs the embedded default on a file under the user's cache directory.
-        l1_memory_desc: LMCache's description of its L1 memory: the part of it not yet touched
-            is kept out of the page-cache budget (:mod:`.l1_memory`).
+        l1_memory_desc: LMCache's description of its L1 memory: made resident at the start
+            (``populate_l1``), and the part of it not touched yet is kept out of the page-cache
+            budget (:mod:`.l1_memory`).
         wrap_direct, page_cache_file: passed to :func:`dualblade.open_store` (fault injection
             in tests: :mod:`dualblade.testing`).
 
@@ -92,6 +93,12 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._ops: set[anyio.CancelScope] = set()
         self._idle: anyio.Event | None = None  # set when the last task ends, while closing
         self._last_stats: AdapterStats | None = None
+        region = l1_region(l1_memory_desc)
+        if region is not None and setup.populate_l1:
+            # Before the store opens: its budget then counts L1 as in use from the start.
+            why_not = populate(*region)
+            if why_not is not None:
+                _log.warning("lmcache L1 not made resident", bytes=region[1], error=why_not)
         # One object in every capacity / budget, spread over the store order, is admitted to
         # the page cache while the budget has room (StripedShares: objects stored together are
         # loaded together, and a load then reads from both paths at once), and objects stay
@@ -109,7 +116,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             "replan": setup.replan,
             # LMCache's L1 that it has not touched yet is no room for the page cache; asked at
             # every reading, so that L1 is counted once as LMCache fills it (.l1_memory).
-            "reserved_memory": _untouched(l1_region(l1_memory_desc)),
+            "reserved_memory": _untouched(region),
         }
         if page_cache_file is not None:
             store_options["page_cache_file"] = page_cache_file

@@ -1,13 +1,14 @@
 """``adapter_params``: what LMCache's plugin spec may say, checked once, at construction.
 
 The adapter's storage is a dualblade store, so the params are a pipeline config (the same keys as
-``configs/*.toml``) plus three of the adapter's own::
+``configs/*.toml``) plus six of the adapter's own::
 
     {"config": "/etc/dualblade/kv.toml",        # a pipeline config file (else the embedded one)
      "capacity": "64GiB",                       # bytes of objects the adapter holds at most
      "object_size": "1MiB",                     # the largest object LMCache will store
      "stats_file": "/var/log/kv-stats.json",    # the adapter's last stats, written at close
      "replan": false,                           # move stored objects when the budget changes
+     "populate_l1": true,                       # make LMCache's L1 resident at the start
      "storage": {"direct": {"kind": "block", "path": "/dev/nvme0n1p3", "extent_size": "64GiB"}},
      "copy_threads": 8}
 
@@ -44,7 +45,7 @@ from dualblade.pipeline import (
 )
 
 #: The adapter's own keys; the rest are the pipeline config's.
-OWN_KEYS = ("config", "capacity", "object_size", "stats_file", "replan")
+OWN_KEYS = ("config", "capacity", "object_size", "stats_file", "replan", "populate_l1")
 #: Pipeline keys the adapter sets itself from ``object_size``.
 DERIVED_KEYS = ("model", "workload")
 DEFAULT_OBJECT_SIZE = 1 << 20
@@ -114,6 +115,7 @@ class AdapterSetup:
     scratch: Path | None
     stats_file: Path | None = None
     replan: bool = False
+    populate_l1: bool = True
 
     def remove_scratch(self) -> None:
         if self.scratch is not None:
@@ -146,9 +148,7 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
     base = _base(params.get("config"))
     overrides = {k: v for k, v in params.items() if k not in OWN_KEYS}
     data = _merge(base.model_dump(), overrides)
-    replan = params.get("replan", False)
-    if not isinstance(replan, bool):
-        raise AdapterParamsError(f"adapter_params.replan must be true or false, got {replan!r}")
+    replan, populate_l1 = (_flag(params, key, default) for key, default in _FLAGS)
     stats_file = params.get("stats_file")
     if stats_file is not None and not isinstance(stats_file, str | Path):
         raise AdapterParamsError(f"adapter_params.stats_file must be a path, got {stats_file!r}")
@@ -159,6 +159,7 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
             setup,
             stats_file=None if stats_file is None else Path(stats_file).expanduser(),
             replan=replan,
+            populate_l1=populate_l1,
         )
     except BaseException:
         if scratch is not None:
@@ -198,6 +199,17 @@ def _setup(
     except ConfigError as error:
         raise AdapterParamsError(str(error)) from None
     return AdapterSetup(config, capacity, geometry, scratch)
+
+
+#: The adapter's true/false keys and their defaults.
+_FLAGS = (("replan", False), ("populate_l1", True))
+
+
+def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
+    value = params.get(key, default)
+    if not isinstance(value, bool):
+        raise AdapterParamsError(f"adapter_params.{key} must be true or false, got {value!r}")
+    return value
 
 
 def _size(params: Mapping[str, Any], key: str, default: int | None, where: str = "") -> int | None:
