@@ -10,7 +10,13 @@ import pytest
 
 pytest.importorskip("lmcache")
 
-from dualblade.integrations.lmcache.l1_memory import populate, untouched_bytes
+from dualblade.integrations.lmcache.l1_memory import (
+    free_memory,
+    populate,
+    populate_within,
+    untouched_bytes,
+)
+from dualblade.pipeline import CgroupMemory, HostMemory, MemorySnapshot
 
 PAGE = mmap.PAGESIZE
 
@@ -49,3 +55,32 @@ def test_populate_of_memory_not_mapped_says_why() -> None:
 def test_nothing_to_populate_is_no_error() -> None:
     assert populate(0, 1 << 20) is None
     assert populate(4096, 0) is None
+
+
+def test_an_l1_larger_than_the_free_memory_is_left_untouched() -> None:
+    """An L1 meant to fill lazily and larger than the memory at hand is not faulted in whole
+    (swap, or an OOM kill): the adapter says why and leaves it."""
+    region = mmap.mmap(-1, 64 * PAGE)
+    try:
+        address = _address(region)
+        why = populate_within(address, 64 * PAGE, free=64 * PAGE)  # no tenth to spare
+        assert why is not None
+        assert "nine tenths" in why
+        assert untouched_bytes(address, 64 * PAGE) == 64 * PAGE
+        assert populate_within(address, 64 * PAGE, free=72 * PAGE) is None
+        assert untouched_bytes(address, 64 * PAGE) == 0
+    finally:
+        del address
+        region.close()
+
+
+def test_free_memory_is_the_tighter_of_the_host_and_the_cgroup() -> None:
+    host = HostMemory(total_bytes=64 << 30, available_bytes=40 << 30, file_bytes=8 << 30)
+    limited = CgroupMemory(1, "/g", 4 << 30, usage_bytes=3 << 30, file_bytes=2 << 30)
+    # the cgroup holds 1 GiB that is not page cache: 3 GiB of its limit are free to fill
+    assert free_memory(MemorySnapshot(host, limited)) == 3 << 30
+    unlimited = CgroupMemory(2, "/g", None, usage_bytes=3 << 30, file_bytes=2 << 30)
+    assert free_memory(MemorySnapshot(host, unlimited)) == 40 << 30
+    assert free_memory(MemorySnapshot(host, None)) == 40 << 30
+    over = CgroupMemory(1, "/g", 1 << 30, usage_bytes=3 << 30, file_bytes=0)
+    assert free_memory(MemorySnapshot(host, over)) == 0

@@ -34,12 +34,18 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
 from dualblade import event_loop
 from dualblade.integrations.lmcache.completions import Completions
-from dualblade.integrations.lmcache.l1_memory import l1_region, populate, untouched_bytes
+from dualblade.integrations.lmcache.l1_memory import (
+    free_memory,
+    l1_region,
+    populate_within,
+    untouched_bytes,
+)
 from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
 from dualblade.integrations.lmcache.striped_shares import StripedShares
 from dualblade.logs import get_logger
+from dualblade.pipeline import discover_memory
 from dualblade.store import open_store
 
 _log = get_logger(__name__)
@@ -96,7 +102,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         region = l1_region(l1_memory_desc)
         if region is not None and setup.populate_l1:
             # Before the store opens: its budget then counts L1 as in use from the start.
-            why_not = populate(*region)
+            why_not = populate_within(*region, free_memory(discover_memory()))
             if why_not is not None:
                 _log.warning("lmcache L1 not made resident", bytes=region[1], error=why_not)
         # One object in every capacity / budget, spread over the store order, is admitted to

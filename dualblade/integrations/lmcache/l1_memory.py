@@ -31,6 +31,8 @@ import mmap
 import os
 from typing import Any
 
+from dualblade.pipeline import MemorySnapshot
+
 _PAGE = mmap.PAGESIZE
 
 
@@ -84,6 +86,31 @@ def populate(address: int, size: int) -> str | None:
     if fn(start, address + size - start, MADV_POPULATE_WRITE) != 0:
         return f"madvise(MADV_POPULATE_WRITE): {os.strerror(ctypes.get_errno())}"
     return None
+
+
+def free_memory(snapshot: MemorySnapshot) -> int:
+    """Bytes that can be made resident now without reclaiming more than page cache: the host's
+    ``MemAvailable``, and under a memory cgroup's limit what the limit leaves beside the memory
+    the group holds that is not reclaimable page cache."""
+    room = snapshot.host.available_bytes
+    cgroup = snapshot.cgroup
+    if cgroup is not None and cgroup.limit_bytes is not None:
+        room = min(room, cgroup.limit_bytes - cgroup.non_file_bytes)
+    return max(0, room)
+
+
+def populate_within(address: int, size: int, free: int) -> str | None:
+    """:func:`populate`, where the untouched part of the range fits in ``free`` bytes (see
+    :func:`free_memory`) with a tenth of them to spare; else why not, the range left as it was.
+    An L1 larger than the memory at hand, meant to fill lazily, would otherwise be faulted in
+    whole at the start, into swap or an OOM kill."""
+    untouched = untouched_bytes(address, size)
+    if untouched > free * 9 // 10:
+        return (
+            f"its untouched {untouched} bytes are more than nine tenths of the {free} bytes "
+            "of memory free now"
+        )
+    return populate(address, size)
 
 
 def l1_region(l1_memory_desc: Any) -> tuple[int, int] | None:
