@@ -43,13 +43,34 @@ def test_populate_makes_every_page_resident_and_keeps_the_bytes() -> None:
         region.close()
 
 
-def test_populate_of_memory_not_mapped_says_why() -> None:
-    region = mmap.mmap(-1, 4 * PAGE)
-    address = _address(region)
-    region.close()  # unmapped now: nothing there to make resident
-    why = populate(address, 4 * PAGE)
-    assert why is not None
-    assert why.startswith("madvise(MADV_POPULATE_WRITE): ")
+def test_memory_that_cannot_be_written_says_why() -> None:
+    """A read-only mapping cannot be faulted in for writing: the kernel's error is returned and
+    nothing is made resident (an unmapped range would do too, but its address could be reused
+    by another thread's mapping before the call)."""
+    import ctypes
+    import ctypes.util
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    private = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
+    address = libc.mmap(None, 4 * PAGE, mmap.PROT_READ, private, -1, 0)
+    assert address not in (None, ctypes.c_void_p(-1).value)
+    try:
+        why = populate(address, 4 * PAGE)
+        assert why is not None
+        assert why.startswith("madvise(MADV_POPULATE_WRITE): ")
+        assert untouched_bytes(address, 4 * PAGE) == 4 * PAGE
+    finally:
+        libc.munmap(address, 4 * PAGE)
 
 
 def test_nothing_to_populate_is_no_error() -> None:
