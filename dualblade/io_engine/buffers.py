@@ -179,8 +179,16 @@ class AlignedBuffer:
     def __enter__(self) -> AlignedBuffer:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # An exception is on its way out, and the frames of its traceback may be what still
+        # aliases the buffer (a failed assertion keeps its operands): "still aliases" raised
+        # here would replace it, and the caller would see that instead of why the block failed.
+        # The buffer then stays mapped until it is collected.
+        with contextlib.suppress(BufferError):
+            self.close()
 
     def __repr__(self) -> str:
         return f"AlignedBuffer(size={self.size}, huge={self.huge}, address=0x{self.address:x})"

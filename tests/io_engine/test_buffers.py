@@ -51,6 +51,27 @@ def test_close_refuses_while_a_tensor_aliases_it() -> None:
     assert buf.closed
 
 
+def test_an_error_leaving_the_block_is_not_hidden_by_an_alias() -> None:
+    """The error that ends a ``with`` block comes out as itself, even where something still
+    aliases the buffer (a failed assertion's frame keeps its operands): the buffer stays mapped
+    and can be closed once the alias goes."""
+    buf = AlignedBuffer(1 << 20)
+    aliases: list[memoryview] = []
+
+    def fail_inside() -> None:
+        with buf:
+            aliases.append(buf.view[:16])
+            raise ValueError("the block's own error")
+
+    with pytest.raises(ValueError, match="the block's own error"):
+        fail_inside()
+    assert not buf.closed
+    aliases[0][0] = 1  # still valid memory
+    aliases.pop().release()
+    buf.close()
+    assert buf.closed
+
+
 def test_close_refuses_while_io_is_in_flight() -> None:
     buf = AlignedBuffer(1 << 20)
     buf.begin_io()
