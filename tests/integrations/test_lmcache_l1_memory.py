@@ -29,8 +29,8 @@ def _address(region: mmap.mmap) -> int:
 
 def test_populate_makes_every_page_resident_and_keeps_the_bytes() -> None:
     region = mmap.mmap(-1, 256 * PAGE)
+    address = _address(region)
     try:
-        address = _address(region)
         written = os.urandom(3 * PAGE + 17)
         region[5 * PAGE : 5 * PAGE + len(written)] = written  # a few pages touched, unaligned end
         assert untouched_bytes(address, 256 * PAGE) >= 250 * PAGE
@@ -39,7 +39,6 @@ def test_populate_makes_every_page_resident_and_keeps_the_bytes() -> None:
         assert region[5 * PAGE : 5 * PAGE + len(written)] == written
         assert region[: 5 * PAGE] == bytes(5 * PAGE)  # pages never written read as zeroes
     finally:
-        del address
         region.close()
 
 
@@ -82,8 +81,8 @@ def test_an_l1_larger_than_the_free_memory_is_left_untouched() -> None:
     """An L1 meant to fill lazily and larger than the memory at hand is not faulted in whole
     (swap, or an OOM kill): the adapter says why and leaves it."""
     region = mmap.mmap(-1, 64 * PAGE)
+    address = _address(region)
     try:
-        address = _address(region)
         why = populate_within(address, 64 * PAGE, free=64 * PAGE)  # no tenth to spare
         assert why is not None
         assert "nine tenths" in why
@@ -91,7 +90,6 @@ def test_an_l1_larger_than_the_free_memory_is_left_untouched() -> None:
         assert populate_within(address, 64 * PAGE, free=72 * PAGE) is None
         assert untouched_bytes(address, 64 * PAGE) == 0
     finally:
-        del address
         region.close()
 
 

@@ -12,7 +12,8 @@ untouched part, so the budget stays put. (Measured once at the start, it was cou
 touched: under ``lmcache bench l2`` the budget fell from about 1 GiB to 0.5 GiB while the
 objects were stored, and the last ones stored found no room on the page-cache path.)
 
-The adapter also makes L1 resident when it starts (:func:`populate`), its bytes unchanged. Our
+The adapter also makes L1 resident when it starts, where it fits in the memory free then
+(:func:`populate_within`), its bytes unchanged. Our
 direct loads land in L1 by O_DIRECT, so L1's physical pages are the I/O's scatter list. Pages
 that LMCache touches late, once the page cache has filled the memory cgroup, come one at a time
 from reclaim: under ``lmcache bench l2`` in a 2.5 GiB cgroup, L1's load half had 1.3 pages per
@@ -76,7 +77,8 @@ _NOT_RESIDENT = bytes(0 if flag & 1 else 1 for flag in range(256))
 def populate(address: int, size: int) -> str | None:
     """Make ``[address, address + size)`` resident now, its bytes unchanged (see the module
     docstring). Returns None once done, else why not: the kernel's error (one older than 5.14
-    does not know the advice), and the range is left as it was."""
+    does not know the advice; memory running out part-way leaves the pages made resident so
+    far as they are, which is what LMCache would have touched anyway)."""
     if size <= 0 or address <= 0:
         return None
     start = address - address % _PAGE
