@@ -101,7 +101,9 @@ class PageCacheFile(Target):
     def pread_cached(self, view: memoryview, offset: int) -> int:
         """``preadv2`` with ``RWF_NOWAIT`` into ``view``: the bytes from ``offset`` on that are
         in the page cache now, never waiting for the disk; 0 where the first page is not
-        cached (``EAGAIN``) or the kernel cannot say (``EOPNOTSUPP``).
+        cached (``EAGAIN``) or the kernel cannot say (``EOPNOTSUPP``). The read starts
+        readahead for the pages it misses without waiting for it; pages that readahead filled
+        before the copy reached them are returned too, so a miss is not always 0.
 
         Raises:
             OSError: any other error of the read.
