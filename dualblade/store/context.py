@@ -50,7 +50,6 @@ from dualblade.store.context_storage import ContextHoldings
 from dualblade.store.dtypes import torch_dtype
 from dualblade.store.errors import ContextClosedError, KVShapeError, LayerLostError
 from dualblade.store.layer_moves import LayerMover, layer_move
-from dualblade.store.media import SPAN_MAKERS, PlacedSpan
 from dualblade.store.read_buffers import ReadBuffers
 from dualblade.store.tensor_shape import KVTensorShape, requested_rows
 
@@ -174,7 +173,7 @@ class KVContext:
 
     async def _placed(self, layer: int, tensor: TensorKind, rows: RowRange) -> tuple[Any, RowView]:
         medium = self._media[layer]
-        placed: PlacedSpan = await SPAN_MAKERS[medium](self, KpuId(layer, tensor), rows)
+        placed = await self._storage.spans.placed(self, medium, KpuId(layer, tensor), rows)
         layout = placed.layout
         view = RowView(
             offset=rows.start * layout.row_stride,

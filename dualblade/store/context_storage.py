@@ -21,6 +21,7 @@ import anyio
 from dualblade.actors import ClaimExtent, ClaimFile, ReleaseContext, Reply
 from dualblade.io_engine import IOEngine, PageCacheFile, Target
 from dualblade.pipeline import BlockCount, KpuId, Lba, LbaMap, Region, TensorLayout
+from dualblade.store.media import SpanCache
 from dualblade.store.runtime import Runtime
 
 
@@ -47,6 +48,8 @@ class ContextHoldings:
         self._file_holdings: dict[int, int] = {}  # layer -> holding
         self._files: dict[KpuId, PageCacheFile] = {}
         self._lock = anyio.Lock()
+        #: spans already made over this storage; a layer's are forgotten when it is given back
+        self.spans = SpanCache()
 
     # -- what the span makers need ------------------------------------------------------------
     @property
@@ -118,6 +121,7 @@ class ContextHoldings:
     # -- giving storage back ------------------------------------------------------------------
     async def drop_files(self, layer: int) -> None:
         """Unlink the layer's page-cache files: their pages leave the cache with them."""
+        self.spans.forget(layer, direct=False)
         holding = self._file_holdings.pop(layer, None)
         for kpu in [k for k in self._files if k.layer == layer]:
             del self._files[kpu]
@@ -127,6 +131,7 @@ class ContextHoldings:
     async def drop_direct(self, layer: int) -> None:
         """Free the layer's direct blocks: its own run goes back, or its share of the shared
         run is trimmed (the run stays the context's, ready for the layer to come back)."""
+        self.spans.forget(layer, direct=True)
         own = self._own_runs.pop(layer, None)
         if own is not None:
             await self._release(own[0])
@@ -139,6 +144,7 @@ class ContextHoldings:
 
     async def release_all(self) -> Any:
         """Give back everything (the context closes); the reply of the shared holding."""
+        self.spans.forget_all()
         for holding, _ in self._own_runs.values():
             await self._release(holding)
         for holding in self._file_holdings.values():

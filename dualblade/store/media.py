@@ -104,3 +104,41 @@ SPAN_MAKERS: dict[Medium, SpanMaker] = {
     Medium.PAGE_CACHE_DROPPED: _through_page_cache(drop_after_use=True),
     Medium.MMAP: _mmap,
 }
+
+
+class SpanCache:
+    """The last span made for each KPU of a context, handed out again while the KPU's medium,
+    rows and storage stay the same.
+
+    Why: every transfer asks for its KPU's span, and making one (an LBA map lookup,
+    Algorithm 2's slice plan, a label) took about a seventh of the event loop's time in
+    LMCache loads of 1 MiB objects, whose K and V are read again and again with the same rows.
+    One entry per KPU: a decode step asks for new rows each time and simply makes its span.
+    The context's storage forgets a layer's entries when it gives that layer's storage back
+    (a move), so a span never outlives the blocks or the file it names.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[KpuId, tuple[Medium, RowRange, PlacedSpan]] = {}
+
+    async def placed(
+        self, storage: ContextStorage, medium: Medium, kpu: KpuId, rows: RowRange
+    ) -> PlacedSpan:
+        """The KPU's rows on ``medium``: a copy of the kept span (callers may set fields on
+        theirs, such as a page-cache span's ``missing``), else a new one, kept."""
+        last = self._last.get(kpu)
+        if last is not None and last[0] is medium and last[1] == rows:
+            placed = last[2]
+            return PlacedSpan(placed.span.at(placed.span.buffer_offset), placed.layout)
+        placed = await SPAN_MAKERS[medium](storage, kpu, rows)
+        self._last[kpu] = (medium, rows, placed)
+        return PlacedSpan(placed.span.at(placed.span.buffer_offset), placed.layout)
+
+    def forget(self, layer: int, *, direct: bool) -> None:
+        """Forget ``layer``'s spans on the direct target (``direct``), or in page-cache files."""
+        for kpu, (medium, _, _) in list(self._last.items()):
+            if kpu.layer == layer and (medium is Medium.DIRECT) == direct:
+                del self._last[kpu]
+
+    def forget_all(self) -> None:
+        self._last.clear()
