@@ -8,6 +8,7 @@ extra; ``scripts/bootstrap`` installs it without CUDA).
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import os
 import select
@@ -60,6 +61,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if Path(str(item.fspath)).is_relative_to(here):
             for rule in LMCACHE_IMPORT_WARNINGS:
                 item.add_marker(pytest.mark.filterwarnings(rule))
+
+
+@pytest.fixture(autouse=True)
+def _collector_unfrozen() -> Iterator[None]:
+    """An adapter freezes the cyclic collector's view of every object alive when it starts
+    (``freeze_gc``); in a test process that is all the tests before it, so each test gives the
+    collector its objects back after it."""
+    yield
+    gc.unfreeze()
 
 
 def key(name: object, salt: str = "") -> Any:

@@ -19,6 +19,7 @@ its blocks.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
@@ -149,6 +150,14 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             raise
         self._exits = exits
         self.objects = ObjectStore(store, setup.geometry, setup.capacity, self._evicted)
+        if setup.freeze_gc:
+            # Every object alive now (torch, LMCache, the store: about 300 thousand here) is
+            # left out of the cyclic collector's later passes. The transfers in flight keep
+            # enough objects alive that it ran a full pass every few rounds of loads, and a
+            # full pass over all of them took about 300 ms on the event loop, stalling every
+            # transfer (docs/lmcache.md). The cost: a reference cycle among those objects that
+            # becomes garbage later is never collected.
+            gc.freeze()
         _log.info(
             "lmcache adapter open",
             capacity=setup.capacity,

@@ -1,7 +1,7 @@
 """``adapter_params``: what LMCache's plugin spec may say, checked once, at construction.
 
 The adapter's storage is a dualblade store, so the params are a pipeline config (the same keys as
-``configs/*.toml``) plus six of the adapter's own::
+``configs/*.toml``) plus seven of the adapter's own::
 
     {"config": "/etc/dualblade/kv.toml",        # a pipeline config file (else the embedded one)
      "capacity": "64GiB",                       # bytes of objects the adapter holds at most
@@ -9,6 +9,7 @@ The adapter's storage is a dualblade store, so the params are a pipeline config 
      "stats_file": "/var/log/kv-stats.json",    # the adapter's last stats, written at close
      "replan": false,                           # move stored objects when the budget changes
      "populate_l1": true,                       # make LMCache's L1 resident at the start
+     "freeze_gc": true,                         # keep what exists at the start out of gc passes
      "storage": {"direct": {"kind": "block", "path": "/dev/nvme0n1p3", "extent_size": "64GiB"}},
      "copy_threads": 8}
 
@@ -45,7 +46,15 @@ from dualblade.pipeline import (
 )
 
 #: The adapter's own keys; the rest are the pipeline config's.
-OWN_KEYS = ("config", "capacity", "object_size", "stats_file", "replan", "populate_l1")
+OWN_KEYS = (
+    "config",
+    "capacity",
+    "object_size",
+    "stats_file",
+    "replan",
+    "populate_l1",
+    "freeze_gc",
+)
 #: Pipeline keys the adapter sets itself from ``object_size``.
 DERIVED_KEYS = ("model", "workload")
 DEFAULT_OBJECT_SIZE = 1 << 20
@@ -116,6 +125,7 @@ class AdapterSetup:
     stats_file: Path | None = None
     replan: bool = False
     populate_l1: bool = True
+    freeze_gc: bool = True
 
     def remove_scratch(self) -> None:
         if self.scratch is not None:
@@ -148,7 +158,7 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
     base = _base(params.get("config"))
     overrides = {k: v for k, v in params.items() if k not in OWN_KEYS}
     data = _merge(base.model_dump(), overrides)
-    replan, populate_l1 = (_flag(params, key, default) for key, default in _FLAGS)
+    replan, populate_l1, freeze_gc = (_flag(params, key, default) for key, default in _FLAGS)
     stats_file = params.get("stats_file")
     if stats_file is not None and not isinstance(stats_file, str | Path):
         raise AdapterParamsError(f"adapter_params.stats_file must be a path, got {stats_file!r}")
@@ -160,6 +170,7 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
             stats_file=None if stats_file is None else Path(stats_file).expanduser(),
             replan=replan,
             populate_l1=populate_l1,
+            freeze_gc=freeze_gc,
         )
     except BaseException:
         if scratch is not None:
@@ -202,7 +213,7 @@ def _setup(
 
 
 #: The adapter's true/false keys and their defaults.
-_FLAGS = (("replan", False), ("populate_l1", True))
+_FLAGS = (("replan", False), ("populate_l1", True), ("freeze_gc", True))
 
 
 def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
