@@ -15,6 +15,9 @@ Importing this module imports LMCache (0.5.6), and nothing in ``dualblade`` impo
 
 from dualblade.integrations.lmcache.adapter import AdapterClosedError as AdapterClosedError
 from dualblade.integrations.lmcache.adapter import DualBladeL2Adapter as DualBladeL2Adapter
+from dualblade.integrations.lmcache.extent_reference import (
+    ExtentReferenceAdapter as ExtentReferenceAdapter,
+)
 from dualblade.integrations.lmcache.index import Entry as Entry
 from dualblade.integrations.lmcache.index import ObjectIndex as ObjectIndex
 from dualblade.integrations.lmcache.object_store import Placement as Placement
@@ -33,6 +36,7 @@ __all__ = [
     "AdapterStats",
     "DualBladeL2Adapter",
     "Entry",
+    "ExtentReferenceAdapter",
     "ObjectGeometry",
     "ObjectIndex",
     "ObjectShapeError",

@@ -309,6 +309,13 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         result: Placement | None = self._portal.call(self.objects.placement, key)
         return result
 
+    def direct_ranges(self) -> list[tuple[int, int]]:
+        """The direct target's byte ranges ``(start, end)`` that the objects held on the direct
+        path occupy now, in order, adjacent ones merged (the target is
+        ``setup.config.storage.direct.path``)."""
+        result: list[tuple[int, int]] = self._portal.call(self.objects.direct_ranges)
+        return result
+
     # -- observing -------------------------------------------------------------------------------
     def stats(self) -> AdapterStats:
         """A typed snapshot: the adapter's objects, hits and failures, and its store's stats.

@@ -278,6 +278,22 @@ class ObjectStore:
             entry.medium, (start, max(k.byte_offset + k.nbytes, v.byte_offset + v.nbytes))
         )
 
+    async def direct_ranges(self) -> list[tuple[int, int]]:
+        """The target's byte ranges ``(start, end)`` that the objects held on the direct path
+        occupy now, in order, adjacent ones merged."""
+        ranges = []
+        for entry in self.index.entries():
+            placed = await self.placement(entry.key)
+            if placed is not None and placed.direct_bytes is not None:
+                ranges.append(placed.direct_bytes)
+        merged: list[tuple[int, int]] = []
+        for start, end in sorted(ranges):
+            if merged and start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(end, merged[-1][1]))
+            else:
+                merged.append((start, end))
+        return merged
+
     # -- let go ----------------------------------------------------------------------------------
     async def remove(self, keys: Sequence[Hashable], *, evicted: bool) -> list[Entry]:
         """Take ``keys`` out (unknown ones are skipped) and release their storage, at once or
