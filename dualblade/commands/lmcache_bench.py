@@ -6,9 +6,11 @@ Why a wrapper: ``lmcache bench l2`` runs one adapter per process (it benchmarks 
 adapters are only comparable on the same disk, from a cold cache, under the same limit — and the
 limit is what decides between them: the page cache holds part of the stored set, and what does
 not fit is read from the disk. So each adapter runs in a fresh folder under ``--dir``, as a child
-process that joins a memory cgroup first; caches are dropped before each; and fio writes, then
-reads cold, a file of the stored set's size in the same folder, at our direct path's queue depth
-and chunk size.
+process that joins a memory cgroup first, and caches are dropped before each. The disk's
+reference is fio's O_DIRECT read of our own adapter's direct extents, taken inside its process
+after LMCache's last load and before the adapter closes (it trims them then): data as old as the
+loads read, where they read it, at our queue depth and chunk size
+(``dualblade.integrations.lmcache.ExtentReferenceAdapter``).
 
 The default limit leaves page-cache room for about half of the stored set beyond the
 benchmark's own memory: ``L1 (2 x keys per round x size) + --overhead + stored / 2``.
@@ -38,6 +40,7 @@ ADAPTERS = ("dualblade", "dualblade-direct", "fs-odirect", "fs")
 _PLUGIN = {"type": "plugin", "module_path": "dualblade.integrations.lmcache"}
 _CGROUP_V1 = Path("/sys/fs/cgroup/memory")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
+_REFERENCE = "extent-reference.json"  # what ExtentReferenceAdapter writes in the adapter's folder
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -96,7 +99,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     # loads go straight from the ring into LMCache's memory: the ring bounds what is in flight
     parser.add_argument("--queue-depth", type=int, default=32, help="ours and fio's (default: 32)")
-    parser.add_argument("--no-fio", action="store_true", help="skip the fio reference")
+    parser.add_argument(
+        "--no-fio", action="store_true", help="skip fio's read of our adapters' direct extents"
+    )
     parser.add_argument("--json", action="store_true", help="print JSON, not the table")
     parser.add_argument("--out", help="also write the JSON document to this file")
     parser.set_defaults(func=run)
@@ -127,11 +132,13 @@ def run(args: argparse.Namespace) -> int:
         f"stored set {format_size(stored)}, L1 {format_size(2 * per_round)}, memory limit "
         f"{format_size(limit) if limit else 'none'}; files under {root}"
     )
+    if not args.no_fio and shutil.which("fio") is None:
+        _say("fio is not installed: no reference read of our extents")
     results = [_run_adapter(name, args, root, limit, capacity) for name in names]
-    # Our loads read straight from the ring into LMCache's memory (no copy thread), so the
-    # ring's depth bounds the chunks in flight: fio reads at that depth, in our chunk size.
-    chunk = parse_size(args.max_chunk)
-    fio = None if args.no_fio else _fio(root, stored, args.queue_depth, chunk)
+    # the all-direct adapter's own extents: the reference for its loads
+    fio = next(
+        (r.get("fio_own_extents") for r in results if r["adapter"] == "dualblade-direct"), None
+    )
     document = {"setup": setup, "adapters": results, "fio_read": fio}
     document["ratios"] = lmcache_ratios(results, fio)
     if args.out:
@@ -162,6 +169,17 @@ def _say(line: str) -> None:
 
 # -- one adapter -----------------------------------------------------------------------------------
 def _spec(
+    name: str, folder: Path, args: argparse.Namespace, size: int, capacity: int
+) -> dict[str, Any]:
+    spec = _adapter_spec(name, folder, args, size, capacity)
+    if spec.get("class_name") == "DualBladeL2Adapter" and not args.no_fio and shutil.which("fio"):
+        # the same adapter, which has fio read its direct extents before it closes
+        params = {**spec["adapter_params"], "reference_out": str(folder / _REFERENCE)}
+        spec = {**spec, "class_name": "ExtentReferenceAdapter", "adapter_params": params}
+    return spec
+
+
+def _adapter_spec(
     name: str, folder: Path, args: argparse.Namespace, size: int, capacity: int
 ) -> dict[str, Any]:
     own = {
@@ -261,6 +279,10 @@ def _run_adapter(
             "load_failures": adapter.get("load_failures"),
             "store_failures": adapter.get("store_failures"),
         }
+    reference = folder / _REFERENCE
+    if reference.exists():
+        result["fio_own_extents"] = json.loads(reference.read_text())
+        _say(f"{name}: fio on its own direct extents: {result['fio_own_extents']}")
     if done.returncode != 0:
         lines = (done.stdout + "\n" + done.stderr).splitlines()
         said = [line for line in lines if "Failed" in line or "Error" in line] or lines[-5:]
@@ -335,31 +357,3 @@ def _remove(group: Path) -> None:
             return
         except OSError:
             time.sleep(0.1)
-
-
-def _fio(root: Path, size: int, depth: int, chunk: int) -> dict[str, Any] | None:
-    """fio's O_DIRECT sequential read of a ``size``-byte file in ``root``, written just before
-    and read cold, at our direct path's queue depth and chunk size: three reads, caches dropped
-    before each, and the best is the reference (the VM's disk swings from read to read, and a
-    bound must be the most the disk gave, not one draw of it)."""
-    binary = shutil.which("fio")
-    if binary is None:
-        _say("fio is not installed: no floor")
-        return None
-    path = root / "fio.dat"
-    base = [binary, "--name=floor", f"--filename={path}", f"--size={size}", f"--bs={chunk}"]
-    base += ["--direct=1", "--ioengine=io_uring", "--output-format=json", f"--iodepth={depth}"]
-    reads: list[float] = []
-    try:
-        subprocess.run([*base, "--rw=write"], capture_output=True, check=True)
-        for _ in range(3):
-            _drop_caches()
-            out = subprocess.run([*base, "--rw=read"], capture_output=True, text=True, check=True)
-            job = json.loads(out.stdout[out.stdout.index("{") :])["jobs"][0]["read"]
-            reads.append(round(job["bw_bytes"] / 1e6, 1))
-    except subprocess.CalledProcessError as error:
-        raise DualbladeError(f"fio failed: {error.stderr}") from None
-    finally:
-        path.unlink(missing_ok=True)
-    _say(f"fio: O_DIRECT reads {reads} MB/s at queue depth {depth}, {format_size(chunk)} chunks")
-    return {"mbps": max(reads), "reads_mbps": reads, "queue_depth": depth, "block_size": chunk}

@@ -74,3 +74,49 @@ def test_the_table_shows_how_much_of_the_stored_set_our_budget_held(
     assert "pc budget (of stored)" in out
     assert "1.00 GiB (50%)" in out
     assert "load vs fs adapter's best: 2.0" in out
+
+
+def test_the_table_shows_fio_on_each_adapters_own_extents(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from dualblade.commands._lmcache_report import lmcache_ratios, print_lmcache_table
+
+    reference = {"mbps": 1500.0, "passes_mbps": [1500.0, 2100.0, 2200.0]}
+    direct = {
+        "adapter": "dualblade-direct",
+        "load_mbps": 1650.0,
+        "verified": True,
+        "cgroup_peak_bytes": None,
+        "fio_own_extents": reference,
+    }
+    ratios = lmcache_ratios([direct], reference)
+    assert ratios["direct_vs_fio"] == 1.1  # against the first pass: data of the loads' age
+    print_lmcache_table(
+        {"setup": {}, "adapters": [direct], "fio_read": reference, "ratios": ratios}
+    )
+    assert "fio, dualblade-direct's extents" in capsys.readouterr().out
+    assert lmcache_ratios([direct], {"error": "no fio"})["direct_vs_fio"] is None
+
+
+@pytest.mark.parametrize("no_fio", [False, True])
+def test_our_adapters_read_their_own_extents_unless_told_not_to(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, no_fio: bool
+) -> None:
+    import argparse
+
+    from dualblade.commands import lmcache_bench
+
+    monkeypatch.setattr(lmcache_bench.shutil, "which", lambda name: "/usr/bin/fio")
+    args = argparse.Namespace(
+        copy_threads=8, queue_depth=32, max_chunk="1MiB", no_fio=no_fio, block=None
+    )
+    ours = lmcache_bench._spec("dualblade-direct", tmp_path, args, 1 << 20, 1 << 30)
+    theirs = lmcache_bench._spec("fs-odirect", tmp_path, args, 1 << 20, 1 << 30)
+    if no_fio:
+        assert ours["class_name"] == "DualBladeL2Adapter"
+        assert "reference_out" not in ours["adapter_params"]
+    else:
+        assert ours["class_name"] == "ExtentReferenceAdapter"
+        assert ours["adapter_params"]["reference_out"] == str(tmp_path / "extent-reference.json")
+        assert ours["adapter_params"]["policy"] == "direct"
+    assert theirs["type"] == "fs"
