@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 import anyio
 
 from dualblade import event_loop
-from dualblade.bench import fio
 from dualblade.bench.page_cache import drop_file_cache
 from dualblade.errors import ConfigError
 from dualblade.io_engine import (
@@ -39,6 +38,8 @@ from dualblade.io_engine import (
     NvmeNamespace,
     PageCacheFile,
     Target,
+    fio_path,
+    run_fio,
 )
 
 #: The size of one request (a KPU-sized copy-thread buffer); two are kept in flight. 128 MiB is
@@ -160,7 +161,7 @@ def run_iobench(
     """Measure; ``progress`` receives one line per run."""
     target = _open_direct(config.path, config.size)
     size = min(config.size, target.size) // config.block_size * config.block_size
-    use_fio = config.use_fio and fio.fio_path() is not None
+    use_fio = config.use_fio and fio_path() is not None
     series: dict[str, dict[str, Series]] = {
         name: {"write": Series(), "read": Series()}
         for name in (
@@ -208,7 +209,7 @@ def run_iobench(
             return size / elapsed
 
         def theirs(op: str) -> float:
-            result = fio.run_fio(
+            result = run_fio(
                 target.name,
                 op,
                 size,

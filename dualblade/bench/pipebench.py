@@ -32,9 +32,14 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.bench import fio
 from dualblade.bench.pipebench_device_raw import DeviceLane, device_lanes, raw_device_pass
-from dualblade.io_engine import DIRECT_FILE_ALIGNMENT, AlignedBuffer, StorageSlots
+from dualblade.io_engine import (
+    DIRECT_FILE_ALIGNMENT,
+    AlignedBuffer,
+    StorageSlots,
+    fio_path,
+    run_fio,
+)
 from dualblade.pipeline import KpuExtent, PipelineConfig, pin_bytes
 from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
@@ -200,7 +205,7 @@ def _fio_reader(
     direct = config.storage.direct
 
     def read() -> float:
-        return fio.run_fio(
+        return run_fio(
             str(direct.path),
             "read",
             end - first,
@@ -246,7 +251,7 @@ async def run_pipebench(
         extents = list(await ctx.direct_map())
         bytes_per_pass = sum(extent.nbytes for extent in extents)
         fio_note = None if use_fio else "--no-fio"
-        if fio_note is None and fio.fio_path() is None:
+        if fio_note is None and fio_path() is None:
             fio_note = "fio is not installed (apt-get install fio)"
         read_with_fio = _fio_reader(direct_config, extents, passes)
         rates: dict[str, list[float]] = {"pipeline": [], "raw": [], "raw_host": [], "fio": []}

@@ -80,7 +80,7 @@ def test_fio_reads_the_held_extents_before_the_close_trims_them(tmp_path: Path) 
 def test_a_failed_reference_is_recorded_and_the_close_still_releases(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(extent_reference.shutil, "which", lambda name: None)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
     out = tmp_path / "reference.json"
     adapter = ExtentReferenceAdapter(_params(tmp_path, reference_out=str(out)))
     _store(adapter, 2)

@@ -22,14 +22,13 @@ and never stops the close.
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from dualblade.integrations.lmcache.adapter import DualBladeL2Adapter
 from dualblade.integrations.lmcache.params import AdapterParamsError
+from dualblade.io_engine import run_fio
 
 #: Sequential passes of fio over the extents (see the module docstring).
 PASSES = 3
@@ -73,40 +72,16 @@ class ExtentReferenceAdapter(DualBladeL2Adapter):
             report |= {"offset": start, "bytes": end - start, "block_size": block}
             report["object_bytes"] = sum(e - s for s, e in ranges)
             report["passes_mbps"] = [
-                _fio_read(target, start, end - start, block, config.queue_depth)
+                round(
+                    run_fio(
+                        target, "read", end - start, block, config.queue_depth, offset=start
+                    ).bytes_per_s
+                    / 1e6,
+                    1,
+                )
                 for _ in range(PASSES)
             ]
         except Exception as error:
             return {**report, "error": f"{type(error).__name__}: {error}"}
         report["mbps"] = report["passes_mbps"][0]  # data as old as the loads read
         return report
-
-
-def _fio_read(path: str, offset: int, size: int, block_size: int, depth: int) -> float:
-    """MB/s of one fio O_DIRECT sequential read of ``[offset, offset + size)`` of ``path``.
-
-    Raises:
-        RuntimeError: fio is missing or failed (its stderr in the message).
-    """
-    binary = shutil.which("fio")
-    if binary is None:
-        raise RuntimeError("fio is not installed (apt-get install fio)")
-    command = [
-        binary,
-        "--name=extents",
-        f"--filename={path}",
-        "--rw=read",
-        "--readonly",
-        f"--offset={offset}",
-        f"--size={size}",
-        f"--bs={block_size}",
-        f"--iodepth={depth}",
-        "--direct=1",
-        "--ioengine=io_uring",
-        "--output-format=json",
-    ]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"fio failed: {done.stderr.strip()[-500:]}")
-    job = json.loads(done.stdout[done.stdout.index("{") :])["jobs"][0]["read"]
-    return round(float(job["bw_bytes"]) / 1e6, 1)

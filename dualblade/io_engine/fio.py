@@ -1,4 +1,7 @@
-"""Running fio with the same parameters as our own measurement, as the disk's reference."""
+"""Running fio with the same parameters as our own measurement, as the disk's reference.
+
+Here, beside the engine, so that every room that measures the engine can set fio beside it:
+the benchmarks, and the LMCache adapter's reference read of its own extents."""
 
 from __future__ import annotations
 
