@@ -42,10 +42,11 @@ def test_the_ratios_take_ours_on_the_block_device_when_it_ran_alone() -> None:
         {"adapter": "dualblade-direct", "load_mbps": 1800.0},
     ]
     ratios = lmcache_ratios(results, {"mbps": 2000.0})
-    assert ratios == {"dualblade_vs_fs_best": 1.5, "direct_vs_fio": 0.9}
+    assert ratios == {"dualblade_vs_fs_best": 1.5, "direct_vs_fio": 0.9, "fio_is_a_bound": True}
     assert lmcache_ratios([{"adapter": "fs", "load_mbps": None}], None) == {
         "dualblade_vs_fs_best": None,
         "direct_vs_fio": None,
+        "fio_is_a_bound": None,
     }
 
 
@@ -84,18 +85,35 @@ def test_the_table_shows_fio_on_each_adapters_own_extents(
     reference = {"mbps": 1500.0, "passes_mbps": [1500.0, 2100.0, 2200.0]}
     direct = {
         "adapter": "dualblade-direct",
-        "load_mbps": 1650.0,
+        "load_mbps": 1350.0,
         "verified": True,
         "cgroup_peak_bytes": None,
         "fio_own_extents": reference,
     }
     ratios = lmcache_ratios([direct], reference)
-    assert ratios["direct_vs_fio"] == 1.1  # against the first pass: data of the loads' age
+    assert ratios["direct_vs_fio"] == 0.9  # against the first pass: data of the loads' age
     print_lmcache_table(
         {"setup": {}, "adapters": [direct], "fio_read": reference, "ratios": ratios}
     )
-    assert "fio, dualblade-direct's extents" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "fio, dualblade-direct's extents" in out
+    assert "fio was beaten" not in out
     assert lmcache_ratios([direct], {"error": "no fio"})["direct_vs_fio"] is None
+
+
+def test_a_beaten_fio_read_is_called_no_bound(capsys: pytest.CaptureFixture[str]) -> None:
+    from dualblade.commands._lmcache_report import lmcache_ratios, print_lmcache_table
+
+    direct = {"adapter": "dualblade-direct", "load_mbps": 1331.0, "verified": True}
+    direct["cgroup_peak_bytes"] = None
+    reference = {"mbps": 880.1, "passes_mbps": [880.1, 528.0, 877.6]}
+    ratios = lmcache_ratios([direct], reference)
+    assert ratios["direct_vs_fio"] == 1.51
+    assert ratios["fio_is_a_bound"] is False
+    print_lmcache_table(
+        {"setup": {}, "adapters": [direct], "fio_read": reference, "ratios": ratios}
+    )
+    assert "fio was beaten: no bound this run" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("no_fio", [False, True])
