@@ -89,6 +89,16 @@ def test_a_failed_reference_is_recorded_and_the_close_still_releases(
     assert adapter.stats().objects == 0  # every object was let go
 
 
+def test_a_report_that_cannot_be_written_still_lets_every_object_go(tmp_path: Path) -> None:
+    adapter = ExtentReferenceAdapter(
+        _params(tmp_path, reference_out=str(tmp_path / "no-such-folder" / "reference.json"))
+    )
+    _store(adapter, 2)
+    with pytest.raises(FileNotFoundError):
+        adapter.close()
+    assert adapter.stats().objects == 0
+
+
 def test_the_reference_needs_a_path(tmp_path: Path) -> None:
     with pytest.raises(AdapterParamsError, match=r"reference_out must be a path"):
         ExtentReferenceAdapter(_params(tmp_path))

@@ -52,9 +52,11 @@ class ExtentReferenceAdapter(DualBladeL2Adapter):
         super().__init__(params, l1_memory_desc)
 
     def close(self) -> None:
-        if not self._closed:
-            self.reference_out.write_text(json.dumps(self._read_extents(), indent=2) + "\n")
-        super().close()
+        try:
+            if not self._closed:
+                self.reference_out.write_text(json.dumps(self._read_extents(), indent=2) + "\n")
+        finally:
+            super().close()  # a report that cannot be written keeps nothing held either
 
     def _read_extents(self) -> dict[str, Any]:
         """The reference's report; a failure is its ``error`` (it must never keep the objects
