@@ -202,8 +202,12 @@ class Ring:
         # write per post cost the poster a system call and a GIL round trip each: 8 % of the
         # event loop's samples in LMCache loads of 1 MiB objects).
         if not self._wake_pending and threading.get_ident() != self._thread.ident:
-            self._wake_pending = True
-            os.eventfd_write(self._eventfd, 1)
+            self._wake_pending = True  # before the write: the ring may reap it at once
+            try:
+                os.eventfd_write(self._eventfd, 1)
+            except BaseException:
+                self._wake_pending = False  # no wake-up is on its way: the next post writes
+                raise
 
     # -- the ring thread -----------------------------------------------------------------------
     def _run(self) -> None:

@@ -62,3 +62,24 @@ def test_many_posts_from_other_threads_all_run(ring: Ring) -> None:
     for poster in posters:
         poster.join()
     assert all(ran.acquire(timeout=5) for _ in range(2000))
+
+
+def test_a_failed_wake_up_write_leaves_the_next_post_to_write(
+    ring: Ring, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write = os.eventfd_write
+    deadline = time.monotonic() + 5
+    while ring._wake_pending and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+    def failing(fd: int, value: int) -> None:
+        raise OSError(9, "Bad file descriptor")
+
+    monkeypatch.setattr(os, "eventfd_write", failing)
+    with pytest.raises(OSError, match="Bad file descriptor"):
+        ring._post("call", lambda: None)
+    assert not ring._wake_pending  # else no post would wake the ring thread again
+    monkeypatch.setattr(os, "eventfd_write", real_write)
+    ran = threading.Event()
+    ring._post("call", ran.set)
+    assert ran.wait(5)
