@@ -34,6 +34,7 @@ from typing import Any
 from dualblade.commands._lmcache_report import lmcache_ratios, print_lmcache_table
 from dualblade.commands._output import print_json
 from dualblade.errors import ConfigError, DualbladeError
+from dualblade.io_engine import fio_path
 from dualblade.pipeline import default_cache_dir, format_size, parse_size
 
 ADAPTERS = ("dualblade", "dualblade-direct", "fs-odirect", "fs")
@@ -132,7 +133,7 @@ def run(args: argparse.Namespace) -> int:
         f"stored set {format_size(stored)}, L1 {format_size(2 * per_round)}, memory limit "
         f"{format_size(limit) if limit else 'none'}; files under {root}"
     )
-    if not args.no_fio and shutil.which("fio") is None:
+    if not args.no_fio and fio_path() is None:
         _say("fio is not installed: no reference read of our extents")
     results = [_run_adapter(name, args, root, limit, capacity) for name in names]
     # the all-direct adapter's own extents: the reference for its loads
@@ -172,7 +173,7 @@ def _spec(
     name: str, folder: Path, args: argparse.Namespace, size: int, capacity: int
 ) -> dict[str, Any]:
     spec = _adapter_spec(name, folder, args, size, capacity)
-    if spec.get("class_name") == "DualBladeL2Adapter" and not args.no_fio and shutil.which("fio"):
+    if spec.get("class_name") == "DualBladeL2Adapter" and not args.no_fio and fio_path():
         # the same adapter, which has fio read its direct extents before it closes
         params = {**spec["adapter_params"], "reference_out": str(folder / _REFERENCE)}
         spec = {**spec, "class_name": "ExtentReferenceAdapter", "adapter_params": params}

@@ -124,7 +124,7 @@ def test_our_adapters_read_their_own_extents_unless_told_not_to(
 
     from dualblade.commands import lmcache_bench
 
-    monkeypatch.setattr(lmcache_bench.shutil, "which", lambda name: "/usr/bin/fio")
+    monkeypatch.setattr(lmcache_bench, "fio_path", lambda: "/usr/bin/fio")
     args = argparse.Namespace(
         copy_threads=8, queue_depth=32, max_chunk="1MiB", no_fio=no_fio, block=None
     )
