@@ -46,15 +46,20 @@ def _store(adapter: DualBladeL2Adapter, count: int) -> list[Any]:
 
 
 def test_the_direct_ranges_cover_every_direct_object_and_nothing_else(tmp_path: Path) -> None:
-    adapter = DualBladeL2Adapter(_params(tmp_path))
+    # dual, with room in the page cache for about half of the capacity: both paths in use
+    params = _params(tmp_path, policy="dual", memory={"page_cache_budget": "2MiB"})
+    adapter = DualBladeL2Adapter(params)
     try:
-        keys = _store(adapter, 6)
+        keys = _store(adapter, 16)
+        placed = [adapter.placement(k) for k in keys]
+        assert {p.medium for p in placed} == {"direct", "page-cache"}
+        direct = [p.direct_bytes for p in placed if p.direct_bytes is not None]
         ranges = adapter.direct_ranges()
-        placed = [adapter.placement(k).direct_bytes for k in keys]
-        assert sum(end - start for start, end in ranges) == sum(e - s for s, e in placed)
-        for start, end in placed:
+        assert sum(end - start for start, end in ranges) == sum(e - s for s, e in direct)
+        for start, end in direct:
             assert any(s <= start and end <= e for s, e in ranges)
         assert ranges == sorted(ranges)
+        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # merged
     finally:
         adapter.close()
 
