@@ -4,6 +4,7 @@ param is checked at construction."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -59,7 +60,7 @@ def test_the_direct_ranges_cover_every_direct_object_and_nothing_else(tmp_path: 
         for start, end in direct:
             assert any(s <= start and end <= e for s, e in ranges)
         assert ranges == sorted(ranges)
-        assert all(a[1] < b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # merged
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))  # merged
     finally:
         adapter.close()
 
