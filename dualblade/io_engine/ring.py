@@ -197,10 +197,9 @@ class Ring:
             raise IOEngineError("the I/O engine is closed")
         self._inbox.append((what, payload))
         # The ring thread itself (a finished request's storage slot starting the next one)
-        # drains the inbox before it sleeps again, and so does a ring thread already woken and
-        # not yet past its wake-up's completion: one write per wake-up, not one per post (a
-        # write per post cost the poster a system call and a GIL round trip each: 8 % of the
-        # event loop's samples in LMCache loads of 1 MiB objects).
+        # drains the inbox before it sleeps again, and so does a ring thread woken and not yet
+        # past its wake-up's completion: one write per wake-up, not per post (a write per post
+        # cost a system call and a GIL round trip: 8 % of the event loop in LMCache loads).
         if not self._wake_pending and threading.get_ident() != self._thread.ident:
             self._wake_pending = True  # before the write: the ring may reap it at once
             try:
@@ -342,8 +341,7 @@ class Ring:
                     )
                     self._complete(ud, res, extra)
                 elif ud == _UD_WAKE:
-                    # Cleared before the inbox is drained again (the loop drains it after
-                    # every reap): a post that saw the flag set is drained then.
+                    # cleared before the next drain: a post that saw it set is drained then
                     self._wake_pending = False
                     self._arm_wake()
             lib.io_uring_cq_advance(ring, count)
