@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import mmap
 import threading
 from typing import TYPE_CHECKING, Final
@@ -165,12 +166,27 @@ class AlignedBuffer:
             # it, and releasing would let the mapping go while the tensor still points into it.
             self._view = None
             try:
-                self._map.close()
+                self._close_map()
             except BufferError:
                 self._view = memoryview(self._map)[self._start : self._start + self.size]
                 raise BufferError(
                     "a tensor or memoryview still aliases this buffer; drop it before close()"
                 ) from None
+
+    def _close_map(self) -> None:
+        """Unmap, once more after a garbage collection if a view is still alive.
+
+        Why: a view that nothing uses may still be held by a reference cycle. A task cancelled
+        while it moved the buffer's bytes leaves its frames in its exception's traceback, and
+        they hold the view until the collector runs (a store stopping mid-load saw this in
+        about one try in five on a loaded machine). That view is garbage, not a user of the
+        buffer, so collect before calling it an alias. Only this failure path pays for it.
+        """
+        try:
+            self._map.close()
+        except BufferError:
+            gc.collect()
+            self._map.close()
 
     @property
     def closed(self) -> bool:

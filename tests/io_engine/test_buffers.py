@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 import torch
 
@@ -48,6 +50,31 @@ def test_close_refuses_while_a_tensor_aliases_it() -> None:
     t[0] = 3  # still valid memory
     del t
     buf.close()
+    assert buf.closed
+
+
+def test_a_view_held_only_by_a_reference_cycle_does_not_stop_close() -> None:
+    """A task that failed while it held a view leaves the view in its traceback's frame, and
+    the frame refers back to the exception: garbage, but alive until the collector runs. Close
+    must not call that an alias (a store stopping mid-load failed on it)."""
+    buf = AlignedBuffer(1 << 20)
+
+    def hold_and_fail() -> None:
+        view = buf.tensor()
+        try:
+            raise RuntimeError("cancelled")
+        except RuntimeError as error:
+            cycle = error  # the frame holds the error, the error's traceback holds the frame
+            view[0] = 1
+            raise cycle from None
+
+    gc.disable()  # keep the cycle until close, as a collector that has not run yet would
+    try:
+        with pytest.raises(RuntimeError):
+            hold_and_fail()
+        buf.close()
+    finally:
+        gc.enable()
     assert buf.closed
 
 
