@@ -52,23 +52,31 @@ async def test_decode_steps_cannot_starve_a_waiting_prefill() -> None:
     pool = CopyThreadPool([object()])  # type: ignore[list-item]
     held = [index for _ in range(2) for index in await pool.acquire(1)]
     order: list[str] = []
+    done = anyio.Event()  # leases are held until the end: only the test's releases grant
 
     async def lease(name: str, urgent: bool) -> None:
         (index,) = await pool.acquire(1, urgent=urgent)
         order.append(name)
-        await anyio.sleep(0.01)
+        await done.wait()
         pool.release(index)
+
+    async def granted(count: int) -> None:
+        with anyio.fail_after(5):
+            while len(order) < count:
+                await anyio.sleep(0.001)
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(lease, "prefill", False)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         for n in range(3):
             tg.start_soon(lease, f"decode-{n}", True)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         pool.release(held.pop())  # one slot frees: a decode goes past the prefill
-        await anyio.sleep(0.005)
+        await granted(1)
         pool.release(held.pop())  # the next slot: the prefill's turn
-    assert order[0].startswith("decode")  # which decode the scheduler wakes first is its own
+        await granted(2)
+        done.set()
+    assert order[0].startswith("decode")  # which decode the scheduler queued first is its own
     assert order[1] == "prefill"
     assert sorted(order) == ["decode-0", "decode-1", "decode-2", "prefill"]
 
