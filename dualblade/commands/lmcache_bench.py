@@ -86,7 +86,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         # peaked 0.85-0.91 GiB above L1 here, but about 0.5 GiB of that is clean file pages
         # (Python, torch, LMCache) that the kernel reclaims and the store's budget counts as
         # room: with 1 GiB the budget came to 68-71 % of the stored set, with 512 MiB 45-47 %.
-        help="what the cgroup charges the process besides L1, for 'auto' (default: %(default)s)",
+        help="what the store's budget counts as the process's own besides L1, for 'auto' "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--capacity",
