@@ -11,10 +11,10 @@ holds them, after LMCache's last load and before it lets go of anything.
 
 What it reads: one sequential O_DIRECT pass through io_uring over the range from the first to
 the last direct object held at close, in the adapter's ``max_chunk`` at its ``queue_depth``, as
-the loads read theirs. The shapes still differ on the disk: the loads land in LMCache's L1, in
-long physical runs, and the block layer merges them into requests of several MiB, while fio's
-buffers are 4 KiB pages and a disk that takes fewer segments than a chunk has pages splits each
-of its reads (docs/lmcache.md); the report says when the reference was beaten. The binder lays
+the loads read theirs, from buffers in huge pages (``run_fio``), since the loads land in
+LMCache's L1, in long physical runs: from 4 KiB pages a disk that takes fewer segments than a
+chunk has pages split each of fio's reads in two, and our loads beat that reference
+(docs/lmcache.md). The report says when the reference was beaten. The binder lays
 the objects' runs out one after another, so the range is mostly objects; a trimmed gap inside
 it reads as zeros without the disk, which can only make the reference faster. Three passes: the
 first reads data as old as the loads read, the next two what the first just read; all three are
