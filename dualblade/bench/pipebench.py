@@ -116,22 +116,24 @@ async def prefill_random(ctx: KVContext, store: KVStore) -> None:
 
 
 async def pipeline_pass(ctx: KVContext, layers: int, pool: list[ReadBuffers]) -> None:
-    """Every layer once, as many layers in flight as there are read buffers."""
-    give, take = anyio.create_memory_object_stream[ReadBuffers](len(pool))
-    for buffers in pool:
-        give.send_nowait(buffers)
+    """Every layer once, as many layers in flight as there are read buffers: a task per buffer,
+    each reading the next layer not yet taken once its last read is done, as a decode's walk
+    starts its next read into the buffer a layer leaves.
 
-    async def one(layer: int) -> None:
-        buffers = await take.receive()
-        try:
+    A task per layer, waiting for a buffer on a stream, was the driver until 2026-12-04: at
+    each pass's start its twelve tasks ran before any copy thread saw a message, and on the
+    H200 machine the first chunk reached the ring 1.0-1.3 ms after the pass began, against
+    0.38-0.42 ms on the raw side, most of the time the device idled (docs/pipeline-profile.md).
+    """
+    order = iter(range(layers))  # shared: each task takes the next layer when it is free
+
+    async def reader(buffers: ReadBuffers) -> None:
+        for layer in order:
             await ctx.read(layer, out=buffers)
-        finally:
-            give.send_nowait(buffers)
 
-    with give, take:
-        async with anyio.create_task_group() as tg:
-            for layer in range(layers):
-                tg.start_soon(one, layer)
+    async with anyio.create_task_group() as tg:
+        for buffers in pool:
+            tg.start_soon(reader, buffers)
 
 
 async def _raw_pass(store: KVStore, ctx: KVContext, buffers: list[AlignedBuffer]) -> None:
