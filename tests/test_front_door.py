@@ -45,3 +45,18 @@ def test_the_cli_does_not_load_torch_through_the_front_door() -> None:
     code = "import sys, dualblade.cli; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_python_dash_m_runs_the_command_line_and_passes_its_exit_code() -> None:
+    ok = subprocess.run(
+        [sys.executable, "-m", "dualblade", "--help"], capture_output=True, text=True
+    )
+    assert ok.returncode == 0
+    assert ok.stdout.startswith("usage: dualblade ")
+    bad = subprocess.run(
+        [sys.executable, "-m", "dualblade", "plan", "/nonexistent/config.toml"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0
+    assert "dualblade plan: error:" in bad.stderr
