@@ -123,7 +123,8 @@ async def pipeline_pass(ctx: KVContext, layers: int, pool: list[ReadBuffers]) ->
     A task per layer, waiting for a buffer on a stream, was the driver until 2026-12-04: at
     each pass's start its twelve tasks ran before any copy thread saw a message, and on the
     H200 machine the first chunk reached the ring 1.0-1.3 ms after the pass began, against
-    0.38-0.42 ms on the raw side, most of the time the device idled (docs/pipeline-profile.md).
+    0.38-0.42 ms on the raw side; that gap was most of the device's idle time in a pass
+    (docs/pipeline-profile.md).
     """
     order = iter(range(layers))  # shared: each task takes the next layer when it is free
 

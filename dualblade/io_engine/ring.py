@@ -281,8 +281,8 @@ class Ring:
 
     def _fill(self) -> None:
         """Post queued chunks, each submitted alone (a system call each) as fio does: submitted
-        together, the block layer's plug merged adjacent 1 MiB chunks into 3.5 MiB requests that
-        this VM's virtio disk read 11 % slower than fio's 1 MiB ones (docs/lmcache.md)."""
+        together they met the block layer's plug as one batch and were merged, and this VM's
+        virtio disk read them 11 % slower (merges off won back 3 %: docs/lmcache.md)."""
         lib, ring = self.lib, self._ring
         while self._pending_cancels:
             target_ud = self._pending_cancels.pop()
