@@ -65,10 +65,13 @@ SETTLE_S = 0.25
 #: The move costs a disk read of the layer, a copy into the page cache and, under a memory
 #: limit, a write-back soon after; it runs while the layer's readers wait, one move at a time.
 #: Each later step saves one disk read of the layer, but on two cores its hit is a memory copy
-#: that competes for the CPU. In the quick preset at 1.69 and 2 GiB (5 new tokens), 3 let the
-#: promotions after the prefill's budget dip land in the second step (0.78-0.92 s against
-#: 0.38-0.60 for the others; decode 2.94-3.19 s at 1.69 GiB), 5 left them out (2.86-2.92 s).
-PAYBACK_ROWS = 5
+#: that competes for the CPU. Measured in the quick preset at 1.69 and 2 GiB (5 new tokens, so
+#: with 5 its promotions land in the first decode step): that step took 0.09-0.28 s more than
+#: the steps after it, each of which a promotion made 0.02-0.03 s faster, so a promotion paid
+#: back after about 7 steps; three alternating pairs decoded in 2.65 / 2.22 s (medians) with 5
+#: and 2.62 / 2.06 s with no promotion (docs/bench.md, 2026-12-04). Of the three VMs that
+#: measured this, one found the opposite (2.16-2.22 s against 2.27-2.44 at 2 GiB).
+PAYBACK_ROWS = 8
 
 
 class Replanner:
