@@ -8,12 +8,12 @@ Load it in LMCache's multiprocess server (or ``lmcache bench l2``, or
 
 (``adapter_params``: :mod:`.params`). How it runs: the adapter owns one thread with an event loop
 (an anyio blocking portal), and the store, with its actors and its io_uring ring thread, runs on
-that loop. LMCache's controller threads never wait on I/O: each ``submit_*`` takes a task id and
-hands the work to the loop (no thread per request; a task per key there, and the ring's queue
-depth bounds what is in flight), and the loop records the result and signals
-the kind's eventfd. Objects map to store contexts (:mod:`.object_store`), so the store's budget
-places each one on the page-cache path or the direct path, and evicting or deleting one TRIMs
-its blocks.
+that loop. LMCache's controller threads never wait on I/O, nor on the loop: each ``submit_*``
+takes a task id and hands the work to the loop (:mod:`.task_inbox`; no thread per request, a
+task per key there, and the ring's queue depth bounds what is in flight), and the loop records
+the result and signals the kind's eventfd. Objects map to store contexts (:mod:`.object_store`),
+so the store's budget places each one on the page-cache path or the direct path, and evicting
+or deleting one TRIMs its blocks.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
 from dualblade.integrations.lmcache.striped_shares import StripedShares
+from dualblade.integrations.lmcache.task_inbox import TaskInbox
 from dualblade.logs import get_logger
 from dualblade.pipeline import discover_memory
 from dualblade.store import open_store
@@ -143,6 +144,8 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             store = exits.enter_context(
                 self._portal.wrap_async_context_manager(open_store(setup.config, **store_options))
             )
+            self._inbox = TaskInbox()
+            self._portal.start_task(self._inbox.serve)
         except BaseException:
             exits.close()
             self._completions.close()
@@ -182,7 +185,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             if self._closed:
                 raise AdapterClosedError("this DualBladeL2Adapter is closed")
             task_id = self._completions.next_id()
-            self._portal.start_task_soon(body, task_id, *args)
+            self._inbox.submit(body, task_id, *args)
         return task_id
 
     def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
@@ -203,7 +206,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         with self._state:
             if self._closed:
                 return  # nothing is locked any more
-            self._portal.start_task_soon(self.objects.unlock, list(keys))
+            self._inbox.submit(self.objects.unlock, list(keys))
 
     def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
         return self._submit(self._load, list(keys), list(objects))
@@ -294,12 +297,15 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
         self._notify_keys_deleted(keys, sizes)
 
     async def _shutdown(self) -> None:
+        # Submitted before close() took the lock, so queued on the loop before this ran: every
+        # such task has started (or fails at once in _op, seeing _closing) by now.
         self._closing = True
         if self._ops:
             self._idle = anyio.Event()
             for scope in list(self._ops):
                 scope.cancel()
             await self._idle.wait()
+        self._inbox.stop()
         await self.objects.close()
         self._last_stats = collect_stats(self)
 
