@@ -10,8 +10,15 @@ mirrored in Python. We load, in order:
 3. the shared library bundled in the ``liburing`` wheel on PyPI, which exports the same C symbols
    (x86_64 only). Debian 12's own liburing is 2.3 and has no FFI library.
 
-Calls through :class:`ctypes.CDLL` release the GIL, so the ring thread waits inside C while the
-event loop and copy threads keep running.
+Calls that may wait (``io_uring_submit_and_wait``, setting up and tearing down, registering
+buffers) go through :class:`ctypes.CDLL`, which releases the GIL: the ring thread waits inside C
+while the event loop and copy threads keep running. The calls that never wait (getting and
+preparing an SQE, submitting without waiting, peeking at and advancing the CQ ring) go through
+:class:`ctypes.PyDLL`, which keeps it: a thread that lets the GIL go must take it back after the
+call, and while the event loop runs Python it gets it back only when the loop blocks or at the
+interpreter's switch interval (5 ms). With every call through ``CDLL`` the ring thread dropped the
+GIL five times or more per chunk, and in LMCache's loads, while the loop posted a round's 512
+reads, it submitted about one chunk per 5 ms and the disk idled (docs/lmcache.md).
 """
 
 from __future__ import annotations
@@ -62,6 +69,25 @@ _PROTOTYPES: dict[str, tuple[object, tuple[object, ...]]] = {
     "io_uring_minor_version": (_c_int, ()),
 }
 
+#: The calls that never wait, bound through ``ctypes.PyDLL`` (the GIL kept: see the module
+#: docstring). ``io_uring_submit`` enters the kernel without waiting for completions.
+_KEEP_GIL = frozenset(
+    {
+        "io_uring_get_sqe",
+        "io_uring_submit",
+        "io_uring_peek_batch_cqe",
+        "io_uring_cq_advance",
+        "io_uring_prep_read",
+        "io_uring_prep_write",
+        "io_uring_prep_read_fixed",
+        "io_uring_prep_write_fixed",
+        "io_uring_prep_fallocate",
+        "io_uring_prep_cancel64",
+        "io_uring_sqe_set_data64",
+        "io_uring_sqe_set_flags",
+    }
+)
+
 #: Bytes reserved for ``struct io_uring``. liburing 2.4-2.15 use about 216 bytes; the struct is
 #: opaque to us and only ever passed by pointer, so a generous, aligned block is enough.
 RING_STRUCT_BYTES = 1024
@@ -75,11 +101,12 @@ class LibUring:
     as the C call itself.
     """
 
-    def __init__(self, path: str, cdll: ctypes.CDLL) -> None:
+    def __init__(self, path: str, cdll: ctypes.CDLL, pydll: ctypes.PyDLL) -> None:
         self.path = path
         self.cdll = cdll
         for name, (restype, argtypes) in _PROTOTYPES.items():
-            function = getattr(cdll, name)  # AttributeError: not an FFI build
+            library = pydll if name in _KEEP_GIL else cdll
+            function = getattr(library, name)  # AttributeError: not an FFI build
             function.restype = restype
             function.argtypes = argtypes
             setattr(self, name, function)
@@ -104,7 +131,7 @@ def _candidates() -> list[str]:
 
 
 def _bind(path: str) -> LibUring:
-    return LibUring(path, ctypes.CDLL(path))
+    return LibUring(path, ctypes.CDLL(path), ctypes.PyDLL(path))
 
 
 @functools.cache
