@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -184,3 +185,33 @@ def test_the_collector_is_frozen_at_the_start_unless_told_not_to(
     finally:
         adapter.close()
         gc.unfreeze()
+
+
+@pytest.mark.parametrize("value", [[0], [1, 2, 3, 4], "700", [700, "10"], [True], []])
+def test_a_bad_gc_threshold_is_refused(value: Any) -> None:
+    with pytest.raises(AdapterParamsError, match=r"adapter_params\.gc_threshold must be null"):
+        resolve_params({"gc_threshold": value})
+
+
+@pytest.mark.parametrize(
+    ("given", "applied"), [(None, None), ([9000], (9000,)), ("default", (50_000, 20, 100))]
+)
+def test_the_collector_runs_less_often_while_the_adapter_is_open(
+    tmp_path: Path, given: Any, applied: tuple[int, ...] | None
+) -> None:
+    """The adapter's thresholds hold while it is open (a full pass holds the GIL the ring
+    thread needs), and the host process's come back when it closes; null leaves them."""
+    import gc
+
+    host = gc.get_threshold()
+    files = {"page_cache_dir": str(tmp_path / "pc"), "direct": {"path": str(tmp_path / "d")}}
+    params: dict[str, Any] = {"storage": files, "capacity": "8MiB", "freeze_gc": False}
+    if given != "default":
+        params["gc_threshold"] = given
+    adapter = DualBladeL2Adapter(params)
+    try:
+        now = gc.get_threshold()
+        assert now == host if applied is None else now[: len(applied)] == applied
+    finally:
+        adapter.close()
+    assert gc.get_threshold() == host

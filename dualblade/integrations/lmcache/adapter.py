@@ -161,6 +161,13 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             # transfer (docs/lmcache.md). The cost: a reference cycle among those objects that
             # becomes garbage later is never collected.
             gc.freeze()
+        # The objects made later (each stored object's context, say) are the collector's
+        # again: its passes are made rarer while the adapter runs (params.DEFAULT_GC_THRESHOLD),
+        # and the host process's thresholds come back when it closes.
+        self._host_gc_threshold: tuple[int, ...] | None = None
+        if setup.gc_threshold is not None:
+            self._host_gc_threshold = gc.get_threshold()
+            gc.set_threshold(*setup.gc_threshold)
         _log.info(
             "lmcache adapter open",
             capacity=setup.capacity,
@@ -357,6 +364,8 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             self._exits.close()
             self._completions.close()
             self.setup.remove_scratch()
+            if self._host_gc_threshold is not None:
+                gc.set_threshold(*self._host_gc_threshold)
         if self.setup.stats_file is not None and self._last_stats is not None:
             self._write_stats(self.setup.stats_file, self._last_stats)
 
