@@ -124,7 +124,12 @@ class ObjectStore:
         async def one(i: int) -> None:
             results[i] = await self.put(keys[i], objects[i])
 
-        await _all_at_once(len(keys), one)
+        # A task per key, the first one included: a store's first key opens a context (a plan
+        # and an extent) before it writes, and run in the store's own first step it held up the
+        # next stores' steps; lmcache-bench's all-direct stores ran 7 % slower that way.
+        async with anyio.create_task_group() as tg:
+            for i in range(len(keys)):
+                tg.start_soon(one, i)
         return results
 
     async def put(self, key: Hashable, obj: Any) -> int | None:
