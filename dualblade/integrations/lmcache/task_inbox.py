@@ -1,12 +1,13 @@
 """``TaskInbox``: LMCache's threads start the adapter's tasks on its loop without waiting for it.
 
 Why not the blocking portal's ``start_task_soon``: it returns only once the loop has run the
-spawn, so each ``submit_*`` call waited for the loop's next turn. While loads were in flight
-that turn was busy with their completions: in ``lmcache bench l2`` (64 submits of 8 keys a
-round) the 64 submits of a load round took 100-220 ms where the fs adapter's took about 1 ms,
-and the disk read half a round's data meanwhile (docs/lmcache.md). Here a submit hands the task
-to the loop's thread-safe scheduler (``call_soon_threadsafe``, FIFO: tasks start in the order
-they were submitted) and returns at once.
+spawn, so each ``submit_*`` call waited for the loop's next turn, and while loads were in flight
+that turn was busy with their completions. In ``lmcache bench l2`` (64 submits of 8 keys a
+round) the 64 submits of a load round took 100-220 ms, where the fs adapter's took about 1 ms:
+2-3 ms a call that LMCache's controller threads, which serve other requests too, spent waiting
+on us (the loads' own throughput did not move: the disk was busy meanwhile; docs/lmcache.md).
+Here a submit hands the task to the loop's thread-safe scheduler (``call_soon_threadsafe``,
+FIFO: tasks start in the order they were submitted) and returns at once.
 
 Each task runs in the inbox's own task group, wrapped so that an error it lets out is logged
 rather than cancelling the group (and every other task with it): a task's own code reports its
