@@ -102,7 +102,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--max-chunk", default="1MiB", help="our adapter's largest I/O (default: %(default)s)"
     )
     # loads go straight from the ring into LMCache's memory: the ring bounds what is in flight
-    parser.add_argument("--queue-depth", type=int, default=32, help="ours and fio's (default: 32)")
+    # (the adapter's own default, params.ADAPTER_DEFAULTS)
+    parser.add_argument("--queue-depth", type=int, default=64, help="ours and fio's (default: 64)")
     parser.add_argument(
         "--no-fio", action="store_true", help="skip fio's read of our adapters' direct extents"
     )

@@ -126,7 +126,7 @@ def test_our_adapters_read_their_own_extents_unless_told_not_to(
 
     monkeypatch.setattr(lmcache_bench, "fio_path", lambda: "/usr/bin/fio")
     args = argparse.Namespace(
-        copy_threads=8, queue_depth=32, max_chunk="1MiB", no_fio=no_fio, block=None
+        copy_threads=8, queue_depth=64, max_chunk="1MiB", no_fio=no_fio, block=None
     )
     ours = lmcache_bench._spec("dualblade-direct", tmp_path, args, 1 << 20, 1 << 30)
     theirs = lmcache_bench._spec("fs-odirect", tmp_path, args, 1 << 20, 1 << 30)

@@ -215,3 +215,37 @@ def test_the_collector_runs_less_often_while_the_adapter_is_open(
     finally:
         adapter.close()
     assert gc.get_threshold() == host
+
+
+@pytest.mark.parametrize("value", [0, -0.001, 2, "0.001", True, [0.001]])
+def test_a_bad_switch_interval_is_refused(value: Any) -> None:
+    with pytest.raises(AdapterParamsError, match=r"adapter_params\.switch_interval must be null"):
+        resolve_params({"switch_interval": value})
+
+
+@pytest.mark.parametrize(("given", "applied"), [(None, None), (0.002, 0.002), ("default", 0.0005)])
+def test_the_gil_changes_hands_sooner_while_the_adapter_is_open(
+    tmp_path: Path, given: Any, applied: float | None
+) -> None:
+    """The adapter's switch interval holds while it is open (the ring thread, woken by the disk,
+    waits for the GIL at most that long), and the host process's comes back when it closes;
+    null leaves it."""
+    import sys
+
+    host = 0.004  # not Python's default, so that a reset to the default would be caught
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(host)
+    files = {"page_cache_dir": str(tmp_path / "pc"), "direct": {"path": str(tmp_path / "d")}}
+    params: dict[str, Any] = {"storage": files, "capacity": "8MiB", "freeze_gc": False}
+    if given != "default":
+        params["switch_interval"] = given
+    try:
+        adapter = DualBladeL2Adapter(params)
+        try:
+            now = sys.getswitchinterval()
+            assert now == pytest.approx(host if applied is None else applied, rel=1e-3)
+        finally:
+            adapter.close()
+        assert sys.getswitchinterval() == pytest.approx(host, rel=1e-3)
+    finally:
+        sys.setswitchinterval(before)

@@ -43,6 +43,7 @@ from dualblade.integrations.lmcache.l1_memory import (
 )
 from dualblade.integrations.lmcache.object_store import ObjectStore, Placement
 from dualblade.integrations.lmcache.params import AdapterSetup, resolve_params
+from dualblade.integrations.lmcache.process_tuning import ProcessTuning
 from dualblade.integrations.lmcache.stats import AdapterStats, collect_stats
 from dualblade.integrations.lmcache.striped_shares import StripedShares
 from dualblade.integrations.lmcache.task_inbox import TaskInbox
@@ -162,12 +163,9 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             # becomes garbage later is never collected.
             gc.freeze()
         # The objects made later (each stored object's context, say) are the collector's
-        # again: its passes are made rarer while the adapter runs (params.DEFAULT_GC_THRESHOLD),
-        # and the host process's thresholds come back when it closes.
-        self._host_gc_threshold: tuple[int, ...] | None = None
-        if setup.gc_threshold is not None:
-            self._host_gc_threshold = gc.get_threshold()
-            gc.set_threshold(*setup.gc_threshold)
+        # again: its passes are made rarer while the adapter runs, and the GIL changes hands
+        # sooner (process_tuning); the host process's settings come back when it closes.
+        self._host_tuning = ProcessTuning(setup.gc_threshold, setup.switch_interval).apply()
         _log.info(
             "lmcache adapter open",
             capacity=setup.capacity,
@@ -364,8 +362,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             self._exits.close()
             self._completions.close()
             self.setup.remove_scratch()
-            if self._host_gc_threshold is not None:
-                gc.set_threshold(*self._host_gc_threshold)
+            self._host_tuning.apply()
         if self.setup.stats_file is not None and self._last_stats is not None:
             self._write_stats(self.setup.stats_file, self._last_stats)
 

@@ -1,7 +1,7 @@
 """``adapter_params``: what LMCache's plugin spec may say, checked once, at construction.
 
 The adapter's storage is a dualblade store, so the params are a pipeline config (the same keys as
-``configs/*.toml``) plus seven of the adapter's own::
+``configs/*.toml``) plus eight of the adapter's own::
 
     {"config": "/etc/dualblade/kv.toml",        # a pipeline config file (else the embedded one)
      "capacity": "64GiB",                       # bytes of objects the adapter holds at most
@@ -11,6 +11,7 @@ The adapter's storage is a dualblade store, so the params are a pipeline config 
      "populate_l1": true,                       # make LMCache's L1 resident at the start
      "freeze_gc": true,                         # keep what exists at the start out of gc passes
      "gc_threshold": [50000, 20, 100],          # the cyclic collector's thresholds (null: leave)
+     "switch_interval": 0.0005,                 # the GIL's switch interval, seconds (null: leave)
      "storage": {"direct": {"kind": "block", "path": "/dev/nvme0n1p3", "extent_size": "64GiB"}},
      "copy_threads": 8}
 
@@ -56,6 +57,7 @@ OWN_KEYS = (
     "populate_l1",
     "freeze_gc",
     "gc_threshold",
+    "switch_interval",
 )
 #: Pipeline keys the adapter sets itself from ``object_size``.
 DERIVED_KEYS = ("model", "workload")
@@ -69,16 +71,28 @@ DEFAULT_CAPACITY = 4 << 30
 #: all-direct loads read at 0.81-0.84 of fio on the same extents, against 0.92-0.93 with these
 #: thresholds (young passes every 50,000 allocations, full ones a hundred times rarer).
 DEFAULT_GC_THRESHOLD = (50_000, 20, 100)
+#: ``sys.setswitchinterval`` while the adapter runs (Python's default is 5 ms): how long the ring
+#: thread, woken by the disk, may wait for the GIL while another thread runs Python. At 5 ms, in
+#: ``dualblade lmcache-bench`` (queue depth 64) all-direct loads read at 0.886 of fio at 5 ms
+#: and at 0.946 at 0.5 ms, medians of eight alternated runs, better in seven pairs of eight
+#: (docs/lmcache.md). The cost is more frequent GIL hand-overs between the process's busy
+#: threads.
+DEFAULT_SWITCH_INTERVAL = 0.0005
 #: Laid over the embedded default (not over a user's file): LMCache keeps many objects in flight,
 #: so more copy threads for the objects that cannot move straight (unaligned or ragged ones),
 #: each moving one object's K or V at a time. Aligned objects move straight between the ring and
 #: LMCache's memory, a 1 MiB object's K and V as one request, so chunks of 1 MiB: in
 #: ``dualblade lmcache-bench`` all-direct loads ran at 1557 MB/s with them against 1388-1408
-#: with 256 KiB chunks. The page-cache share follows the budget (the
+#: with 256 KiB chunks. A queue of 64 chunks, not the embedded default's 32: loads and stores
+#: move between the ring and LMCache's own memory, so a deeper queue holds no more memory of
+#: ours, and it keeps the disk fed while the ring thread reaps a batch of completions and
+#: submits the next (this VM's disk completes a full queue at a time): all-direct loads read at
+#: 0.886 of fio at the same depth against 0.861 at 32 (medians of eight alternated runs; fio
+#: itself reads as fast at 64 as at 32). The page-cache share follows the budget (the
 #: embedded default pins Algorithm 1's X at 32 MiB to show both paths on a small model).
 ADAPTER_DEFAULTS: dict[str, Any] = {
     "copy_threads": 8,
-    "queue_depth": 32,
+    "queue_depth": 64,
     "max_chunk": 1 << 20,
     "memory": {"knob_x": None},
 }
@@ -136,6 +150,7 @@ class AdapterSetup:
     populate_l1: bool = True
     freeze_gc: bool = True
     gc_threshold: tuple[int, ...] | None = DEFAULT_GC_THRESHOLD
+    switch_interval: float | None = DEFAULT_SWITCH_INTERVAL
 
     def remove_scratch(self) -> None:
         if self.scratch is not None:
@@ -182,6 +197,7 @@ def resolve_params(params: Mapping[str, Any] | None) -> AdapterSetup:
             populate_l1=populate_l1,
             freeze_gc=freeze_gc,
             gc_threshold=_gc_threshold(params),
+            switch_interval=_switch_interval(params),
         )
     except BaseException:
         if scratch is not None:
@@ -241,6 +257,18 @@ def _gc_threshold(params: Mapping[str, Any]) -> tuple[int, ...] | None:
             f"(gc.set_threshold's), got {value!r}"
         )
     return tuple(value)
+
+
+def _switch_interval(params: Mapping[str, Any]) -> float | None:
+    value = params.get("switch_interval", DEFAULT_SWITCH_INTERVAL)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise AdapterParamsError(
+            "adapter_params.switch_interval must be null or seconds above 0 and at most 1 "
+            f"(sys.setswitchinterval's), got {value!r}"
+        )
+    return float(value)
 
 
 def _flag(params: Mapping[str, Any], key: str, default: bool) -> bool:
