@@ -1,7 +1,7 @@
 """``adapter_params``: what LMCache's plugin spec may say, checked once, at construction.
 
 The adapter's storage is a dualblade store, so the params are a pipeline config (the same keys as
-``configs/*.toml``) plus eight of the adapter's own::
+``configs/*.toml``) plus nine of the adapter's own (``OWN_KEYS``)::
 
     {"config": "/etc/dualblade/kv.toml",        # a pipeline config file (else the embedded one)
      "capacity": "64GiB",                       # bytes of objects the adapter holds at most
@@ -72,9 +72,10 @@ DEFAULT_CAPACITY = 4 << 30
 #: thresholds (young passes every 50,000 allocations, full ones a hundred times rarer).
 DEFAULT_GC_THRESHOLD = (50_000, 20, 100)
 #: ``sys.setswitchinterval`` while the adapter runs (Python's default is 5 ms): how long the ring
-#: thread, woken by the disk, may wait for the GIL while another thread runs Python. At 5 ms, in
-#: ``dualblade lmcache-bench`` (queue depth 64) all-direct loads read at 0.886 of fio at 5 ms
-#: and at 0.946 at 0.5 ms, medians of eight alternated runs, better in seven pairs of eight
+#: thread, woken by the disk, may wait for the GIL while another thread runs Python. In
+#: ``dualblade lmcache-bench --adapters dualblade-direct`` (queue depth 64), all-direct loads
+#: read at 0.886 of fio at 5 ms and at 0.946 at 0.5 ms, medians of eight alternated runs each,
+#: faster in seven pairs of eight; fifteen runs of the whole benchmark at 0.5 ms gave 0.909
 #: (docs/lmcache.md). The cost is more frequent GIL hand-overs between the process's busy
 #: threads.
 DEFAULT_SWITCH_INTERVAL = 0.0005
