@@ -53,6 +53,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
 
     from dualblade.bench.floor import DecodeReads, decode_floor, measure_floor_rates
     from dualblade.bench.sweep_workload import derive_kv, read_buffers
+    from dualblade.collector import freeze_setup
     from dualblade.errors import plain_errors
     from dualblade.pipeline import Medium, config_from_mapping
     from dualblade.store import open_store
@@ -70,6 +71,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
     async with open_store(config, device=device, replan=spec.get("replan", True)) as store:
         for made_first in buffers:
             store.fix_read_buffers(made_first)  # as the engine's own buffers are
+        freeze_setup()  # the data, the buffers and the store outlive the run
         async with store.context() as ctx:
             started = time.perf_counter()
             for layer in range(layers):

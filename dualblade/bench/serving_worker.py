@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from dualblade.bench.worker_process import run_worker
+from dualblade.collector import freeze_setup
 
 
 class _Provider:
@@ -130,6 +131,7 @@ async def run_spec(spec: dict[str, Any]) -> dict[str, Any]:
         for held in buffers.values():
             for made_first in held:
                 store.fix_read_buffers(made_first)  # as the engine's own buffers are
+        freeze_setup()  # the model, the requests' buffers and the store outlive the serving
         before = store.stats()
         if model is not None:
             records, sampler = await _serve_model(store, requests, model)

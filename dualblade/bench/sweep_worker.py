@@ -159,6 +159,7 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
         sequentiality,
     )
     from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
+    from dualblade.collector import freeze_setup
     from dualblade.errors import DualbladeError
     from dualblade.pipeline import config_from_mapping
     from dualblade.store import open_store
@@ -182,6 +183,7 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
         model.tracer = tracer  # the engine's steps and layers, beside the store's actors
     async with open_store(config, device=device, tracer=tracer) as store:
         store.observe_chunks(log)
+        freeze_setup()  # the model, its data and the store live as long as the run
         disk: dict[str, DiskSnapshot] = {}
         counters: dict[str, dict[str, Any]] = {}
 

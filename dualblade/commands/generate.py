@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from dualblade import event_loop
+from dualblade.collector import freeze_setup
 from dualblade.commands._output import format_table, print_json
 from dualblade.errors import ConfigError
 
@@ -144,6 +145,7 @@ def generate_report(args: argparse.Namespace) -> dict[str, Any]:
         async with open_kv(
             config, policy, device=device, memory_limit=memory_limit, tracer=tracer
         ) as kv:
+            freeze_setup()  # the model and the store live as long as this command
             result = await model.generate(prompts, gen_len, kv)
             metrics = kv.metrics()
             plan = getattr(kv, "plan", None)

@@ -19,7 +19,6 @@ or deleting one TRIMs its blocks.
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import threading
 from collections.abc import AsyncIterator, Callable, Hashable, Mapping
@@ -34,6 +33,7 @@ from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 
 from dualblade import event_loop
+from dualblade.collector import freeze_setup
 from dualblade.integrations.lmcache.completions import Completions
 from dualblade.integrations.lmcache.l1_memory import (
     free_memory,
@@ -161,7 +161,7 @@ class DualBladeL2Adapter(L2AdapterInterface):  # type: ignore[misc]
             # full pass over all of them took about 300 ms on the event loop, stalling every
             # transfer (docs/lmcache.md). The cost: a reference cycle among those objects that
             # becomes garbage later is never collected.
-            gc.freeze()
+            freeze_setup()
         # The objects made later (each stored object's context, say) are the collector's
         # again: its passes are made rarer while the adapter runs, and the GIL changes hands
         # sooner (process_tuning); the host process's settings come back when it closes.
