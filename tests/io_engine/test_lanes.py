@@ -15,7 +15,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOEngineError, PageCacheFile
+from dualblade.io_engine import (
+    AlignedBuffer,
+    CompatMode,
+    DirectFile,
+    IOEngine,
+    IOEngineError,
+    PageCacheFile,
+)
 from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
 
@@ -94,7 +101,7 @@ def test_a_target_of_an_unknown_lane_is_refused_by_name() -> None:
 @pytest.mark.anyio
 @pytest.mark.parametrize("compat", ["off", "on"], ids=["io_uring", "threadpool"])
 async def test_the_engine_refuses_an_unknown_lane_and_keeps_working(
-    tmp_path: Path, compat: str
+    tmp_path: Path, compat: CompatMode
 ) -> None:
     """Refused on the caller's thread: raised on the ring thread it would kill the ring."""
     with (
@@ -149,7 +156,7 @@ def test_every_chunk_runs_once_and_no_lane_exceeds_its_depth(
 @pytest.mark.anyio
 @pytest.mark.parametrize("compat", ["off", "on"], ids=["io_uring", "threadpool"])
 async def test_a_cached_read_finishes_while_a_device_read_queued_before_it_runs(
-    tmp_path: Path, compat: str
+    tmp_path: Path, compat: CompatMode
 ) -> None:
     """QD 1, 4 KiB chunks: a 64 MiB O_DIRECT read (16,384 chunks) is queued first; a page-cache
     read of one chunk submitted behind it finishes while most of the device read's chunks have
