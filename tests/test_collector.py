@@ -35,7 +35,10 @@ def test_setup_objects_leave_the_collectors_passes_and_later_ones_do_not() -> No
 
     frozen = freeze_setup()
 
-    assert frozen == gc.get_freeze_count() > 0
+    # Not equal to a later count: a frozen object that another thread (a worker left by an earlier
+    # test) frees leaves the permanent generation, which CI met (690,514 frozen, 690,512 after).
+    assert frozen > 0
+    assert 0 < gc.get_freeze_count() <= frozen
     assert not _tracked(made_in_setup)
     made_later = _Node()
     assert _tracked(made_later)
