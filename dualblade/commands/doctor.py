@@ -25,10 +25,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _io_uring() -> dict[str, Any]:
-    from dualblade.io_engine import probe
+    from dualblade.io_engine import describe_chunk_pump, probe
 
     result = probe()
     return {
+        "chunk_pump": describe_chunk_pump(),
         "available": result.available,
         "reason": result.reason,
         "liburing_version": result.liburing_version,
@@ -134,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"  passthrough      {'yes' if uring['passthrough_rings'] else 'no'} (SQE128/CQE32)")
         print(f"  opcodes          {', '.join(supported)}")
+        print(f"  chunk pump       {uring['chunk_pump']}")
     else:
         print(f"io_uring           UNAVAILABLE: {uring['reason']} (compat engine will be used)")
     memory = report["memory"]

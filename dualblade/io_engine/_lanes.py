@@ -96,30 +96,45 @@ class LaneQueues:
         """Chunks of ``lane`` in flight."""
         return self._inflight[lane]
 
-    def next_chunk(self) -> tuple[IORequest, tuple[int, int]] | None:
-        """The next chunk to start, from a lane below its depth, counted as in flight; None when
+    def head(self) -> IORequest | None:
+        """The first request with a chunk to hand out, in the first lane with room; None when
         no lane has both room and work. A request with no chunks left leaves its queue here."""
         for lane, queue in self._waiting.items():
             if self._inflight[lane] >= self.queue_depth:
                 continue
             while queue:
-                request = queue[0]
-                chunk = request.next_chunk()
-                if chunk is None:
-                    queue.popleft()
-                    continue
-                self._inflight[lane] += 1
-                total = self.inflight
-                if total > self.peak_inflight:
-                    self.peak_inflight = total
-                return request, chunk
+                if queue[0].has_chunks():
+                    return queue[0]
+                queue.popleft()
         return None
+
+    def room(self, request: IORequest) -> int:
+        """Chunks ``request``'s lane may start now."""
+        return self.queue_depth - self._inflight[self.lane_of(request)]
+
+    def started(self, request: IORequest, count: int) -> None:
+        """``count`` of ``request``'s chunks are in flight now."""
+        self._inflight[self.lane_of(request)] += count
+        total = self.inflight
+        if total > self.peak_inflight:
+            self.peak_inflight = total
+
+    def next_chunk(self) -> tuple[IORequest, tuple[int, int]] | None:
+        """The next chunk to start, from a lane below its depth, counted as in flight; None when
+        no lane has both room and work."""
+        request = self.head()
+        if request is None:
+            return None
+        chunk = request.next_chunk()
+        assert chunk is not None, "head() returned a request with no chunk left"
+        self.started(request, 1)
+        return request, chunk
 
     def give_back(self, request: IORequest, chunk: tuple[int, int]) -> None:
         """Undo :meth:`next_chunk` for a chunk that could not be started."""
         request.push_back(chunk)
         self._inflight[self.lane_of(request)] -= 1
 
-    def chunk_finished(self, request: IORequest) -> None:
-        """One of ``request``'s chunks is no longer in flight."""
-        self._inflight[self.lane_of(request)] -= 1
+    def chunk_finished(self, request: IORequest, count: int = 1) -> None:
+        """``count`` of ``request``'s chunks are no longer in flight."""
+        self._inflight[self.lane_of(request)] -= count

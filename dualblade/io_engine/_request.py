@@ -11,6 +11,7 @@ result after ``notify``.
 from __future__ import annotations
 
 import enum
+import errno
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -19,6 +20,7 @@ from dualblade.io_engine._lanes import check_lane
 from dualblade.io_engine.errors import IOEngineError, IOFailedError
 
 if TYPE_CHECKING:
+    from dualblade.io_engine import opcodes
     from dualblade.io_engine.buffers import AlignedBuffer
     from dualblade.io_engine.targets.base import Target
 
@@ -115,6 +117,24 @@ class IORequest:
         self.submitted += size
         return rel, size
 
+    def has_chunks(self) -> bool:
+        """A chunk is left to hand out (a retry or a fresh one), and the request is not stopped."""
+        return not self.stopped and (bool(self.retries) or self.submitted < self.length)
+
+    def command(self, rel: int, size: int, fixed_index: dict[int, int]) -> opcodes.Op:
+        """The target's command for the chunk ``(rel, size)``; ``fixed_index`` maps a registered
+        buffer's id to its index in the ring's table (passthrough commands take none)."""
+        target, offset = self.target, self.offset + rel
+        if self.kind is Kind.TRIM:
+            op = target.trim_op(offset, size)
+            assert op is not None, "blocking trims do not go through the ring"
+            return op
+        buffer = self.buffer
+        assert buffer is not None
+        index = fixed_index.get(id(buffer)) if not target.passthrough else None
+        address = buffer.address + self.buf_offset + rel
+        return target.io_op(self.is_write, address, min(size, self.length - rel), offset, index)
+
     def push_back(self, chunk: tuple[int, int]) -> None:
         """Return a chunk that could not be submitted (e.g. the SQ was full)."""
         self.retries.appendleft(chunk)
@@ -123,6 +143,17 @@ class IORequest:
         """A chunk was handed to the kernel (or a worker): its buffer is now under DMA."""
         self.inflight += 1
         self.chunks_submitted += 1
+
+    def chunks_started(self, count: int) -> None:
+        """``count`` chunks were handed to the kernel at once (the native chunk pump)."""
+        self.inflight += count
+        self.chunks_submitted += count
+
+    def chunks_done(self, count: int, nbytes: int) -> None:
+        """``count`` chunks completed in full, ``nbytes`` together (the native chunk pump)."""
+        self.inflight -= count
+        self.done_bytes += nbytes
+        self._maybe_finish()
 
     def chunk_done(self, rel: int, size: int, transferred: int) -> None:
         """A chunk completed with ``transferred`` bytes (may be short)."""
@@ -140,6 +171,19 @@ class IORequest:
             else:
                 self.retries.append((rel + transferred, size - transferred))
         self._maybe_finish()
+
+    def chunk_completed(self, rel: int, size: int, res: int, extra: int) -> None:
+        """The kernel's answer for the chunk ``(rel, size)``: the CQE's ``res`` and, from a
+        32-byte CQE, its ``extra`` word; the target's :meth:`~Target.transferred` reads them."""
+        if res == -errno.ECANCELED and self.cancelled:
+            self.chunk_failed(IOEngineError("cancelled"))  # ignored: the request is cancelled
+            return
+        try:
+            transferred = self.target.transferred(self.op_name, res, size, self.offset + rel, extra)
+        except BaseException as error:
+            self.chunk_failed(error)
+        else:
+            self.chunk_done(rel, size, transferred)
 
     def chunk_failed(self, error: BaseException) -> None:
         """A chunk failed; the first error wins and stops further submissions."""

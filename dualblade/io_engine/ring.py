@@ -6,9 +6,11 @@ that the ring itself keeps a READ posted on: waiting for "a completion or a new 
 ``io_uring_submit_and_wait`` call, made inside C with the GIL released.
 
 The thread keeps up to ``queue_depth`` chunks in flight per lane (the device, the page cache:
-:mod:`._lanes`) and refills the queue as soon as completions are reaped. A request's buffer stays
-referenced by the in-flight table until every CQE of it has been reaped, also after its caller
-was cancelled: cancellation stops further chunks and asks the kernel to cancel the posted ones,
+:mod:`._lanes`) and refills the queue as soon as completions are reaped. Where the native chunk
+pump is built (:mod:`.native`), a request's chunks are posted and counted in C
+(:mod:`._chunk_pump`): Python then runs per request and per exceptional completion. A request's
+buffer stays referenced until every CQE of it has been reaped, also after its caller was
+cancelled: cancellation stops further chunks and asks the kernel to cancel the posted ones,
 but the request only reports back once the kernel has let go of the memory.
 """
 
@@ -25,7 +27,9 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any, TypeVar
 
-from dualblade.io_engine import _fixed_buffers, _liburing, _uapi, opcodes
+from dualblade.io_engine import _fixed_buffers, _liburing, native, opcodes
+from dualblade.io_engine._chunk_pump import PUMP_TAG, ChunkPump
+from dualblade.io_engine._cqe_reaper import PlainReaper
 from dualblade.io_engine._fixed_buffers import FixedBufferTable
 from dualblade.io_engine._lanes import LANES, LaneQueues
 from dualblade.io_engine._request import IORequest, Kind
@@ -42,8 +46,6 @@ ChunkObserver = Callable[[str, str, int, int, float, float, int], None]
 _UD_IGNORE = 0
 _UD_WAKE = 1
 _UD_FIRST = 16
-
-_REAP_BATCH = 64
 
 _T = TypeVar("_T")
 
@@ -70,8 +72,6 @@ class Ring:
         self.passthrough = passthrough
         self._ring_mem = ctypes.create_string_buffer(_liburing.RING_STRUCT_BYTES)
         self._ring = ctypes.addressof(self._ring_mem)
-        self._cqe_size = 32 if passthrough else 16
-        self._cqe_ptrs = (ctypes.c_void_p * _REAP_BATCH)()
         self._eventfd = os.eventfd(0, os.EFD_CLOEXEC)
         self._eventfd_buf = ctypes.create_string_buffer(8)
         self._inbox: deque[tuple[str, Any]] = deque()
@@ -85,6 +85,10 @@ class Ring:
         self._pending_cancels: list[int] = []
         self._fixed = FixedBufferTable(self.lib, self._ring, functools.partial(self._post, "call"))
         self._fixed_index = self._fixed.index_by_id  # id(buffer) -> index, for every chunk
+        self._pump: ChunkPump | None = None  # set up on the ring thread, with the ring
+        self._reaper: ChunkPump | PlainReaper | None = None
+        #: Why the native chunk pump is not used ("" when it is).
+        self.pump_note = ""
         self._stopping = False
         self._fatal: BaseException | None = None
         self.chunks_submitted = 0
@@ -104,6 +108,17 @@ class Ring:
         self.setup_flags = init_ring(
             self.lib, self._ring, len(LANES) * self.queue_depth, passthrough=self.passthrough
         )
+        library, self.pump_note = native.load()
+        if library is not None:
+            self._pump = ChunkPump(
+                library,
+                self.lib,
+                self._ring,
+                passthrough=self.passthrough,
+                slot_count=len(LANES) * self.queue_depth,
+                progressed=self._progressed,
+            )
+        self._reaper = self._pump or PlainReaper(self.lib, self._ring, big_cqes=self.passthrough)
 
     # -- API used by other threads ---------------------------------------------------------------
     def submit(self, request: IORequest) -> None:
@@ -175,7 +190,7 @@ class Ring:
     @property
     def inflight(self) -> int:
         """Chunks in flight now (read from another thread: a sample, not a lock-held count)."""
-        return len(self._inflight)
+        return self._queues.inflight
 
     def buffer_index(self, buffer: AlignedBuffer) -> int | None:
         """The fixed-buffer index of ``buffer`` in this ring, or None if not registered."""
@@ -223,7 +238,7 @@ class Ring:
             while True:
                 self._drain_inbox()
                 self._fill()
-                if self._stopping and not self._queues and len(self._inflight) == 0:
+                if self._stopping and not self._queues and self._queues.inflight == 0:
                     break
                 rc = self._submit_and_wait()
                 if rc < 0 and -rc not in (errno.EINTR, errno.EAGAIN, errno.EBUSY, errno.ETIME):
@@ -278,6 +293,10 @@ class Ring:
         for ud, entry in self._inflight.items():
             if entry[0] is request:
                 self._pending_cancels.append(ud)
+        if self._pump is not None:
+            if request.inflight:
+                self._pending_cancels += self._pump.recent_chunks(request, self.queue_depth)
+            self._pump.release_if_finished(request)
 
     def _fill(self) -> None:
         """Post queued chunks, each submitted alone (a system call each) as fio does: submitted
@@ -287,11 +306,22 @@ class Ring:
         while self._pending_cancels:
             target_ud = self._pending_cancels.pop()
             opcodes.AsyncCancel(target_ud).build(lib, self._get_sqe(), _UD_IGNORE)
-        queues, inflight = self._queues, self._inflight
-        while (taken := queues.next_chunk()) is not None:
+        queues, inflight, pump, fixed = self._queues, self._inflight, self._pump, self._fixed_index
+        while (request := queues.head()) is not None:
+            if pump and not request.retries and not self.observer and request.kind is not Kind.TRIM:
+                first = functools.partial(request.command, 0, request.chunk_size, fixed)
+                posted = pump.fill(request, queues.room(request), first)
+                if posted is not None:
+                    if not posted:
+                        break  # the submission queue is full
+                    queues.started(request, posted)
+                    self.chunks_submitted += posted
+                    continue
+            taken = queues.next_chunk()
+            assert taken is not None
             request, chunk = taken
             rel, size = chunk
-            op = self._op_for(request, rel, size)
+            op = request.command(rel, size, self._fixed_index)
             sqe: int | None = lib.io_uring_get_sqe(ring)
             if not sqe:
                 queues.give_back(request, chunk)
@@ -304,76 +334,43 @@ class Ring:
             self.chunks_submitted += 1
             lib.io_uring_submit(ring)
 
-    def _op_for(self, request: IORequest, rel: int, size: int) -> opcodes.Op:
-        target = request.target
-        offset = request.offset + rel
-        if request.kind is Kind.TRIM:
-            op = target.trim_op(offset, size)
-            assert op is not None, "blocking trims do not go through the ring"
-            return op
-        buffer = request.buffer
-        assert buffer is not None
-        index = self._fixed_index.get(id(buffer)) if not target.passthrough else None
-        return target.io_op(
-            request.is_write,
-            buffer.address + request.buf_offset + rel,
-            size,
-            offset,
-            index,
-        )
-
     def _reap(self) -> None:
-        lib, ring, ptrs = self.lib, self._ring, self._cqe_ptrs
-        from_address = _uapi.IoUringCqe.from_address
+        assert self._reaper is not None
         while True:
-            count = lib.io_uring_peek_batch_cqe(ring, ptrs, _REAP_BATCH)
-            if not count:
-                return
-            for i in range(count):
-                address: int = ptrs[i]  # type: ignore[assignment]  # never NULL below count
-                cqe = from_address(address)
-                ud, res = cqe.user_data, cqe.res
-                if ud >= _UD_FIRST:
-                    extra = (
-                        ctypes.c_uint64.from_address(address + 16).value
-                        if self._cqe_size == 32
-                        else 0
-                    )
-                    self._complete(ud, res, extra)
+            completions, more = self._reaper.reap()
+            for ud, res, extra in completions:
+                if ud >= PUMP_TAG:
+                    assert self._pump is not None
+                    self._chunk_completed(*self._pump.chunk_of(ud), res, extra)
+                elif ud >= _UD_FIRST:
+                    request, rel, size, _op, submitted = self._inflight.pop(ud)
+                    if (observer := self.observer) is not None:
+                        where, now = request.offset + rel, perf_counter()
+                        observer(
+                            request.target.name, request.op_name, where, size, submitted, now, res
+                        )
+                    self._chunk_completed(request, rel, size, res, extra)
                 elif ud == _UD_WAKE:
                     # cleared before the next drain: a post that saw it set is drained then
                     self._wake_pending = False
                     self._arm_wake()
-            lib.io_uring_cq_advance(ring, count)
-            if count < _REAP_BATCH:
+            if not more:
                 return
 
-    def _complete(self, ud: int, res: int, extra: int) -> None:
-        request, rel, size, _op, submitted = self._inflight.pop(ud)
+    def _progressed(self, request: IORequest, chunks: int, nbytes: int) -> None:
+        """The pump counted ``chunks`` of ``request``'s chunks done in full."""
+        self._queues.chunk_finished(request, chunks)
+        request.chunks_done(chunks, nbytes)  # the pump gives a finished request's slot back
+
+    def _chunk_completed(
+        self, request: IORequest, rel: int, size: int, res: int, extra: int
+    ) -> None:
         self._queues.chunk_finished(request)
-        if self.observer is not None:
-            self.observer(
-                request.target.name,
-                request.op_name,
-                request.offset + rel,
-                size,
-                submitted,
-                perf_counter(),
-                res,
-            )
-        if res == -errno.ECANCELED and request.cancelled:
-            request.chunk_failed(IOEngineError("cancelled"))  # ignored: the request is cancelled
-            return
-        try:
-            transferred = request.target.transferred(
-                request.op_name, res, size, request.offset + rel, extra
-            )
-        except BaseException as error:
-            request.chunk_failed(error)
-            return
-        request.chunk_done(rel, size, transferred)
+        request.chunk_completed(rel, size, res, extra)
         if request.retries and not request.stopped:
             self._queues.add_first(request)
+        if self._pump is not None:
+            self._pump.release_if_finished(request)
 
     def _fail_everything(self, error: BaseException) -> None:
         """Report the ring's death to every waiting caller instead of leaving them hanging.
@@ -384,6 +381,8 @@ class Ring:
         """
         wrapped = IOEngineError(f"the ring thread died: {error!r}")
         posted = {id(entry[0]): entry[0] for entry in self._inflight.values()}
+        if self._pump is not None:
+            posted.update((id(held), held) for held in self._pump.holds() if held.inflight)
         for request in posted.values():
             request.abandon_under_dma(wrapped)
         for request in self._queues.waiting():

@@ -91,6 +91,9 @@ class FaultyTarget(Target):
         return self.log.since(serial)
 
     # -- the ring's path -------------------------------------------------------------------------
+    #: Every completion goes through :meth:`transferred`, where the faults are injected.
+    native_completion = False
+
     def io_op(
         self, write: bool, address: int, length: int, offset: int, buf_index: int | None
     ) -> Op:
@@ -140,6 +143,9 @@ class FaultyPageCacheFile(PageCacheFile):
     ) -> None:
         super().__init__(path, size)
         self._injector = Injector(self.name, self.lba_size, policy, log)
+
+    #: Every completion goes through :meth:`transferred`, where the faults are injected.
+    native_completion = False
 
     def transferred(self, op: str, res: int, length: int, offset: int, extra: int) -> int:
         moved = super().transferred(op, res, length, offset, extra)

@@ -174,7 +174,7 @@ async def test_a_dead_ring_fails_waiters_and_keeps_their_buffer_pinned(
 
     def dying_wait(self: Ring) -> int:
         # Dies at the first wait with the pipe read posted (it never completes by itself).
-        if self._inflight:
+        if self.inflight:
             raise OSError(14, "injected: the ring's memory went bad")
         return original(self)
 

@@ -46,6 +46,19 @@ class Target(ABC):
     #: ``IOSQE_*`` flags set on every read and write command to this target.
     sqe_flags: int = 0
     lane: str = "device"
+    #: A completion that moved a chunk's whole length (a file command) or returned status 0 (an
+    #: NVMe command) is one :meth:`transferred` takes as the whole chunk, so the ring's native
+    #: chunk pump counts it in C without calling it. A subclass whose ``transferred`` does more
+    #: (fault injection) sets this False, and every completion of its goes through Python; one
+    #: that overrides ``transferred`` and does not say gets False (:meth:`__init_subclass__`).
+    native_completion: bool = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        """A subclass that overrides :meth:`transferred` without setting ``native_completion``
+        itself keeps every completion in Python: the pump must not skip what it adds."""
+        super().__init_subclass__(**kwargs)
+        if "transferred" in cls.__dict__ and "native_completion" not in cls.__dict__:
+            cls.native_completion = False
 
     # -- validation ---------------------------------------------------------------------------
     def check_io(self, op: str, offset: int, length: int, address: int | None) -> None:

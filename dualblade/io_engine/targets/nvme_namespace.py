@@ -130,6 +130,9 @@ class NvmeNamespace(Target):
         cmd = nvme.dsm_command(self.nsid, ctypes.addressof(ranges), len(ranges))
         return opcodes.UringCmd(self.fd, _uapi.NVME_URING_CMD_IO, bytes(cmd), keepalive=ranges)
 
+    #: Status 0 is the whole chunk (:meth:`transferred`): the native chunk pump counts it.
+    native_completion = True
+
     def transferred(self, op: str, res: int, length: int, offset: int, extra: int) -> int:
         if res < 0:
             detail = "transfer exceeds the controller's limit" if res == -errno.EINVAL else ""

@@ -1,0 +1,233 @@
+"""The ring thread's chunks posted and counted in C (``native/chunk_pump.c``), per request.
+
+Python's part per request: a slot holding the request's first SQE, built by its target as for
+any chunk, and what moves it to the next chunk. C's part per chunk: copy the SQE, move it,
+submit it; at completion, count it when it did what it asked. Only what Python must see comes
+back: each touched request's completed chunks and bytes, in one call per request and reap, and
+every other completion (errors, short transfers, cancellations, the ring's own commands) as
+``(user_data, res, big-CQE word)`` for the ring's Python path, which handles it as before.
+
+A request goes to the pump when its target completes chunks the plain way
+(:attr:`Target.native_completion`), its command is one the pump can move (a plain or fixed read
+or write, an NVMe I/O command), and a slot is free. Everything else, and the remainder of a
+short transfer, takes the Python path beside it on the same ring.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from typing import ClassVar, Final
+
+from dualblade.io_engine import opcodes
+from dualblade.io_engine._liburing import LibUring
+from dualblade.io_engine._request import IORequest
+
+#: A pump chunk's user_data: the tag, its slot and its index in the request (chunk_pump.c).
+PUMP_TAG: Final = 1 << 63
+_SLOT_SHIFT: Final = 40
+_CHUNK_MASK: Final = (1 << _SLOT_SHIFT) - 1
+_KIND_FILE, _KIND_NVME = 0, 1
+_FILE_OPS = (opcodes.Read, opcodes.Write, opcodes.ReadFixed, opcodes.WriteFixed)
+#: Completions handed back to Python per reap call (three words each).
+_OUT_CAPACITY: Final = 256
+
+
+class _Slot(ctypes.Structure):
+    """``struct db_slot``."""
+
+    _fields_: ClassVar = [
+        ("sqe", ctypes.c_uint8 * 128),
+        ("addr", ctypes.c_uint64),
+        ("offset", ctypes.c_uint64),
+        ("length", ctypes.c_uint64),
+        ("chunk", ctypes.c_uint64),
+        ("next_rel", ctypes.c_uint64),
+        ("kind", ctypes.c_uint32),
+        ("lba_shift", ctypes.c_uint32),
+        ("done_chunks", ctypes.c_uint64),
+        ("done_bytes", ctypes.c_uint64),
+        ("touched", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+    ]
+
+
+class _Pump(ctypes.Structure):
+    """``struct db_pump``."""
+
+    _fields_: ClassVar = [
+        ("ring", ctypes.c_void_p),
+        ("get_sqe", ctypes.c_void_p),
+        ("submit", ctypes.c_void_p),
+        ("peek_batch", ctypes.c_void_p),
+        ("cq_advance", ctypes.c_void_p),
+        ("sqe_bytes", ctypes.c_uint32),
+        ("big_cqe", ctypes.c_uint32),
+        ("slot_count", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
+        ("slots", ctypes.c_void_p),
+    ]
+
+
+def _address(function: object) -> int:
+    value = ctypes.cast(function, ctypes.c_void_p).value  # type: ignore[arg-type]
+    assert value is not None
+    return value
+
+
+class ChunkPump:
+    """The slots of one ring (used on its thread only).
+
+    Args:
+        native: the loaded library (:func:`dualblade.io_engine.native.load`).
+        lib: the ring's liburing; ring: the address of its ``struct io_uring``.
+        passthrough: the ring has 128-byte SQEs and 32-byte CQEs.
+        slot_count: requests the pump carries at once (the lanes' depth together is plenty:
+            a request holds its slot only while it has chunks to post or in flight).
+        progressed: called with a request and how many of its chunks and bytes completed.
+
+    Raises:
+        RuntimeError: the library's structures are not the ones mirrored here (a build of
+            another source).
+    """
+
+    def __init__(
+        self,
+        native: ctypes.PyDLL,
+        lib: LibUring,
+        ring: int,
+        *,
+        passthrough: bool,
+        slot_count: int,
+        progressed: Callable[[IORequest, int, int], None],
+    ) -> None:
+        if native.db_pump_slot_bytes() != ctypes.sizeof(_Slot) or native.db_pump_bytes() != (
+            ctypes.sizeof(_Pump)
+        ):
+            raise RuntimeError("the chunk pump's library does not match dualblade's mirror of it")
+        self._native = native
+        self._lib = lib
+        self._slots = (_Slot * slot_count)()
+        self._pump = _Pump(
+            ring,
+            _address(lib.io_uring_get_sqe),
+            _address(lib.io_uring_submit),
+            _address(lib.io_uring_peek_batch_cqe),
+            _address(lib.io_uring_cq_advance),
+            128 if passthrough else 64,
+            1 if passthrough else 0,
+            slot_count,
+            0,
+            ctypes.addressof(self._slots),
+        )
+        self._pump_ref = ctypes.byref(self._pump)
+        self._free = list(range(slot_count - 1, -1, -1))
+        self._requests: list[IORequest | None] = [None] * slot_count
+        self._slot_of: dict[int, int] = {}  # id(request) -> slot
+        self._progressed = progressed
+        self._out = (ctypes.c_uint64 * (3 * _OUT_CAPACITY))()
+        self._touched = (ctypes.c_uint32 * slot_count)()
+        self._touched_count = ctypes.c_uint32()
+        self._more = ctypes.c_uint32()
+        self._reap_args = (
+            self._pump_ref,
+            self._out,
+            _OUT_CAPACITY,
+            self._touched,
+            ctypes.byref(self._touched_count),
+            ctypes.byref(self._more),
+        )
+
+    def fill(self, request: IORequest, room: int, first_op: Callable[[], opcodes.Op]) -> int | None:
+        """Post up to ``room`` of ``request``'s fresh chunks; returns how many were posted (0:
+        the submission queue is full), or None when the request is not for the pump (the caller
+        posts its chunks the Python way). ``first_op``: the target's command for the request's
+        first chunk, built once per request."""
+        slot_index = self._slot_of.get(id(request))
+        if slot_index is None:
+            slot_index = self._take_slot(request, first_op)
+            if slot_index is None:
+                return None
+        slot = self._slots[slot_index]
+        slot.next_rel = request.submitted
+        posted: int = self._native.db_pump_fill(self._pump_ref, slot_index, room)
+        if posted:
+            request.submitted = slot.next_rel
+            request.chunks_started(posted)
+        return posted
+
+    def _take_slot(self, request: IORequest, first_op: Callable[[], opcodes.Op]) -> int | None:
+        if not self._free or request.buffer is None or not request.target.native_completion:
+            return None
+        op = first_op()
+        if isinstance(op, opcodes.NvmeIo):
+            kind = _KIND_NVME
+        elif isinstance(op, _FILE_OPS):
+            kind = _KIND_FILE
+        else:
+            return None
+        slot_index = self._free.pop()
+        slot = self._slots[slot_index]
+        ctypes.memset(ctypes.addressof(slot.sqe), 0, 128)
+        op.build(self._lib, ctypes.addressof(slot.sqe), 0)
+        slot.addr = request.buffer.address + request.buf_offset
+        slot.offset = request.offset
+        slot.length = request.length
+        slot.chunk = request.chunk_size
+        slot.kind = kind
+        slot.lba_shift = request.target.lba_size.bit_length() - 1
+        slot.done_chunks = slot.done_bytes = slot.touched = 0
+        self._requests[slot_index] = request
+        self._slot_of[id(request)] = slot_index
+        return slot_index
+
+    def release_if_finished(self, request: IORequest) -> None:
+        """Give a finished request's slot back (nothing if it has none or is not finished)."""
+        if request.finished and (slot_index := self._slot_of.pop(id(request), None)) is not None:
+            self._requests[slot_index] = None
+            self._free.append(slot_index)
+
+    def holds(self) -> list[IORequest]:
+        """The requests that hold a slot."""
+        return [request for request in self._requests if request is not None]
+
+    def chunk_of(self, user_data: int) -> tuple[IORequest, int, int]:
+        """The request, offset in it and size of the pump chunk tagged ``user_data``."""
+        slot_index = (user_data & ~PUMP_TAG) >> _SLOT_SHIFT
+        request = self._requests[slot_index]
+        assert request is not None, "a completion for a free slot"
+        slot = self._slots[slot_index]
+        rel = (user_data & _CHUNK_MASK) * slot.chunk
+        return request, rel, min(slot.chunk, slot.length - rel)
+
+    def recent_chunks(self, request: IORequest, count: int) -> list[int]:
+        """The user_data of ``request``'s last ``count`` posted pump chunks (to cancel them: the
+        ones still in flight are among the most recent, as a lane keeps at most its depth)."""
+        slot_index = self._slot_of.get(id(request))
+        if slot_index is None:
+            return []
+        slot = self._slots[slot_index]
+        posted = -(-slot.next_rel // slot.chunk)
+        tag = PUMP_TAG | slot_index << _SLOT_SHIFT
+        return [tag | index for index in range(max(0, posted - count), posted)]
+
+    def reap(self) -> tuple[list[tuple[int, int, int]], bool]:
+        """Reap the completion queue: the touched requests' progress goes to ``progressed``;
+        returns the other completions and whether more may be waiting."""
+        handed = self._native.db_pump_reap(*self._reap_args)
+        touched, slots, requests = self._touched, self._slots, self._requests
+        for position in range(self._touched_count.value):
+            slot_index = touched[position]
+            slot = slots[slot_index]
+            chunks, nbytes = slot.done_chunks, slot.done_bytes
+            slot.done_chunks = slot.done_bytes = slot.touched = 0
+            request = requests[slot_index]
+            assert request is not None, "progress on a free slot"
+            self._progressed(request, chunks, nbytes)
+            self.release_if_finished(request)
+        out = self._out
+        others = [
+            (out[3 * i], ctypes.c_int64(out[3 * i + 1]).value, out[3 * i + 2])
+            for i in range(handed)
+        ]
+        return others, bool(self._more.value)
