@@ -21,7 +21,7 @@ from dualblade.io_engine.errors import TargetError as TargetError
 from dualblade.io_engine.fio import FioResult as FioResult
 from dualblade.io_engine.fio import fio_path as fio_path
 from dualblade.io_engine.fio import run_fio as run_fio
-from dualblade.io_engine.native import describe as describe_chunk_pump  # noqa: F401
+from dualblade.io_engine.native import describe_chunk_pump as describe_chunk_pump
 from dualblade.io_engine.opcodes import Op as Op
 from dualblade.io_engine.probe import IoUringProbe as IoUringProbe
 from dualblade.io_engine.probe import probe as probe

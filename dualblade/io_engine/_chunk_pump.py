@@ -2,10 +2,12 @@
 
 Python's part per request: a slot holding the request's first SQE, built by its target as for
 any chunk, and what moves it to the next chunk. C's part per chunk: copy the SQE, move it,
-submit it; at completion, count it when it did what it asked. Only what Python must see comes
-back: each touched request's completed chunks and bytes, in one call per request and reap, and
-every other completion (errors, short transfers, cancellations, the ring's own commands) as
-``(user_data, res, big-CQE word)`` for the ring's Python path, which handles it as before.
+submit it; at completion, count it when it did what it asked and post the request's next chunk
+in its place. The ring thread waits in C too (:meth:`ChunkPump.wait`, the GIL released) until
+Python has something to do. Only what Python must see comes back: each touched request's posted
+and completed chunks and bytes, in one call per request, and every other completion (errors,
+short transfers, cancellations, the ring's own commands) as ``(user_data, res, big-CQE word)``
+for the ring's Python path, which handles it as before.
 
 A request goes to the pump when its target completes chunks the plain way
 (:attr:`Target.native_completion`), its command is one the pump can move (a plain or fixed read
@@ -19,7 +21,7 @@ import ctypes
 from collections.abc import Callable
 from typing import ClassVar, Final
 
-from dualblade.io_engine import opcodes
+from dualblade.io_engine import native, opcodes
 from dualblade.io_engine._liburing import LibUring
 from dualblade.io_engine._request import IORequest
 
@@ -47,8 +49,9 @@ class _Slot(ctypes.Structure):
         ("lba_shift", ctypes.c_uint32),
         ("done_chunks", ctypes.c_uint64),
         ("done_bytes", ctypes.c_uint64),
+        ("posted", ctypes.c_uint64),
         ("touched", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("stopped", ctypes.c_uint32),
     ]
 
 
@@ -61,11 +64,18 @@ class _Pump(ctypes.Structure):
         ("submit", ctypes.c_void_p),
         ("peek_batch", ctypes.c_void_p),
         ("cq_advance", ctypes.c_void_p),
+        ("submit_and_wait", ctypes.c_void_p),
         ("sqe_bytes", ctypes.c_uint32),
         ("big_cqe", ctypes.c_uint32),
         ("slot_count", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("out_capacity", ctypes.c_uint32),
         ("slots", ctypes.c_void_p),
+        ("out", ctypes.c_void_p),
+        ("touched", ctypes.c_void_p),
+        ("handed", ctypes.c_uint32),
+        ("touched_count", ctypes.c_uint32),
+        ("more", ctypes.c_uint32),
+        ("pad", ctypes.c_uint32),
     ]
 
 
@@ -84,7 +94,8 @@ class ChunkPump:
         passthrough: the ring has 128-byte SQEs and 32-byte CQEs.
         slot_count: requests the pump carries at once (the lanes' depth together is plenty:
             a request holds its slot only while it has chunks to post or in flight).
-        progressed: called with a request and how many of its chunks and bytes completed.
+        progressed: called with a request, how many of its chunks C posted (its fields
+            already say so) and how many of its chunks and bytes completed.
 
     Raises:
         RuntimeError: the library's structures are not the ones mirrored here (a build of
@@ -99,7 +110,7 @@ class ChunkPump:
         *,
         passthrough: bool,
         slot_count: int,
-        progressed: Callable[[IORequest, int, int], None],
+        progressed: Callable[[IORequest, int, int, int], None],
     ) -> None:
         if native.db_pump_slot_bytes() != ctypes.sizeof(_Slot) or native.db_pump_bytes() != (
             ctypes.sizeof(_Pump)
@@ -108,35 +119,52 @@ class ChunkPump:
         self._native = native
         self._lib = lib
         self._slots = (_Slot * slot_count)()
+        self._out = (ctypes.c_uint64 * (3 * _OUT_CAPACITY))()
+        self._touched = (ctypes.c_uint32 * slot_count)()
         self._pump = _Pump(
-            ring,
-            _address(lib.io_uring_get_sqe),
-            _address(lib.io_uring_submit),
-            _address(lib.io_uring_peek_batch_cqe),
-            _address(lib.io_uring_cq_advance),
-            128 if passthrough else 64,
-            1 if passthrough else 0,
-            slot_count,
-            0,
-            ctypes.addressof(self._slots),
+            ring=ring,
+            get_sqe=_address(lib.io_uring_get_sqe),
+            submit=_address(lib.io_uring_submit),
+            peek_batch=_address(lib.io_uring_peek_batch_cqe),
+            cq_advance=_address(lib.io_uring_cq_advance),
+            submit_and_wait=_address(lib.io_uring_submit_and_wait),
+            sqe_bytes=128 if passthrough else 64,
+            big_cqe=1 if passthrough else 0,
+            slot_count=slot_count,
+            out_capacity=_OUT_CAPACITY,
+            slots=ctypes.addressof(self._slots),
+            out=ctypes.addressof(self._out),
+            touched=ctypes.addressof(self._touched),
         )
         self._pump_ref = ctypes.byref(self._pump)
+        self._reported = False  # the last wait() reaped what reap() hands out next
         self._free = list(range(slot_count - 1, -1, -1))
         self._requests: list[IORequest | None] = [None] * slot_count
         self._slot_of: dict[int, int] = {}  # id(request) -> slot
         self._progressed = progressed
-        self._out = (ctypes.c_uint64 * (3 * _OUT_CAPACITY))()
-        self._touched = (ctypes.c_uint32 * slot_count)()
-        self._touched_count = ctypes.c_uint32()
-        self._more = ctypes.c_uint32()
-        self._reap_args = (
-            self._pump_ref,
-            self._out,
-            _OUT_CAPACITY,
-            self._touched,
-            ctypes.byref(self._touched_count),
-            ctypes.byref(self._more),
+
+    @classmethod
+    def open(
+        cls,
+        lib: LibUring,
+        ring: int,
+        passthrough: bool,
+        slot_count: int,
+        progressed: Callable[[IORequest, int, int, int], None],
+    ) -> tuple[ChunkPump | None, str]:
+        """The ring's pump and "", or None and why there is none (:func:`native.load`)."""
+        library, why = native.load()
+        if library is None:
+            return None, why
+        pump = cls(
+            library,
+            lib,
+            ring,
+            passthrough=passthrough,
+            slot_count=slot_count,
+            progressed=progressed,
         )
+        return pump, ""
 
     def fill(self, request: IORequest, room: int, first_op: Callable[[], opcodes.Op]) -> int | None:
         """Post up to ``room`` of ``request``'s fresh chunks; returns how many were posted (0:
@@ -176,14 +204,21 @@ class ChunkPump:
         slot.chunk = request.chunk_size
         slot.kind = kind
         slot.lba_shift = request.target.lba_size.bit_length() - 1
-        slot.done_chunks = slot.done_bytes = slot.touched = 0
+        slot.done_chunks = slot.done_bytes = slot.posted = slot.touched = slot.stopped = 0
         self._requests[slot_index] = request
         self._slot_of[id(request)] = slot_index
         return slot_index
 
-    def release_if_finished(self, request: IORequest) -> None:
-        """Give a finished request's slot back (nothing if it has none or is not finished)."""
-        if request.finished and (slot_index := self._slot_of.pop(id(request), None)) is not None:
+    def settle(self, request: IORequest) -> None:
+        """Tell C what Python learned of ``request``: stopped (failed, cancelled), none of its
+        chunks is posted any more; finished, its slot is free (nothing if it holds none)."""
+        slot_index = self._slot_of.get(id(request))
+        if slot_index is None:
+            return
+        if request.stopped:
+            self._slots[slot_index].stopped = 1
+        if request.finished:
+            del self._slot_of[id(request)]
             self._requests[slot_index] = None
             self._free.append(slot_index)
 
@@ -211,23 +246,37 @@ class ChunkPump:
         tag = PUMP_TAG | slot_index << _SLOT_SHIFT
         return [tag | index for index in range(max(0, posted - count), posted)]
 
+    def wait(self) -> int:
+        """Submit, wait and reap in C (the GIL released) until Python has something to do; the
+        result of ``io_uring_submit_and_wait`` (negative: an error other than a wake-up)."""
+        result: int = self._native.db_pump_run_nogil(self._pump_ref)
+        self._reported = True
+        return result
+
     def reap(self) -> tuple[list[tuple[int, int, int]], bool]:
-        """Reap the completion queue: the touched requests' progress goes to ``progressed``;
-        returns the other completions and whether more may be waiting."""
-        handed = self._native.db_pump_reap(*self._reap_args)
-        touched, slots, requests = self._touched, self._slots, self._requests
-        for position in range(self._touched_count.value):
+        """What the last :meth:`wait` reaped, or else the completion queue now: the touched
+        requests' progress goes to ``progressed``; returns the other completions and whether
+        more may be waiting."""
+        if self._reported:
+            self._reported = False
+        else:
+            self._native.db_pump_reap(self._pump_ref)
+        pump, touched, slots, requests = self._pump, self._touched, self._slots, self._requests
+        for position in range(pump.touched_count):
             slot_index = touched[position]
             slot = slots[slot_index]
-            chunks, nbytes = slot.done_chunks, slot.done_bytes
-            slot.done_chunks = slot.done_bytes = slot.touched = 0
+            posted, chunks, nbytes = slot.posted, slot.done_chunks, slot.done_bytes
+            slot.posted = slot.done_chunks = slot.done_bytes = slot.touched = 0
             request = requests[slot_index]
             assert request is not None, "progress on a free slot"
-            self._progressed(request, chunks, nbytes)
-            self.release_if_finished(request)
+            if posted:  # before the completions: the request must not look finished early
+                request.submitted = slot.next_rel
+                request.chunks_started(posted)
+            self._progressed(request, posted, chunks, nbytes)
+            self.settle(request)
         out = self._out
         others = [
             (out[3 * i], ctypes.c_int64(out[3 * i + 1]).value, out[3 * i + 2])
-            for i in range(handed)
+            for i in range(pump.handed)
         ]
-        return others, bool(self._more.value)
+        return others, bool(pump.more)

@@ -25,6 +25,10 @@ class PlainReaper:
         self._big_cqes = big_cqes
         self._cqe_ptrs = (ctypes.c_void_p * _REAP_BATCH)()
 
+    def wait(self) -> int:
+        """Submit what is queued and wait for a completion (the GIL released, in liburing)."""
+        return int(self._lib.io_uring_submit_and_wait(self._ring, 1))
+
     def reap(self) -> tuple[list[tuple[int, int, int]], bool]:
         """Up to 64 completions, and whether more may be waiting."""
         lib, ring, ptrs = self._lib, self._ring, self._cqe_ptrs

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any, TypeVar
 
-from dualblade.io_engine import _fixed_buffers, _liburing, native, opcodes
+from dualblade.io_engine import _fixed_buffers, _liburing, opcodes
 from dualblade.io_engine._chunk_pump import PUMP_TAG, ChunkPump
 from dualblade.io_engine._cqe_reaper import PlainReaper
 from dualblade.io_engine._fixed_buffers import FixedBufferTable
@@ -86,7 +86,7 @@ class Ring:
         self._fixed = FixedBufferTable(self.lib, self._ring, functools.partial(self._post, "call"))
         self._fixed_index = self._fixed.index_by_id  # id(buffer) -> index, for every chunk
         self._pump: ChunkPump | None = None  # set up on the ring thread, with the ring
-        self._reaper: ChunkPump | PlainReaper | None = None
+        self._reaper: ChunkPump | PlainReaper  # set up on the ring thread, with the ring
         #: Why the native chunk pump is not used ("" when it is).
         self.pump_note = ""
         self._stopping = False
@@ -108,16 +108,9 @@ class Ring:
         self.setup_flags = init_ring(
             self.lib, self._ring, len(LANES) * self.queue_depth, passthrough=self.passthrough
         )
-        library, self.pump_note = native.load()
-        if library is not None:
-            self._pump = ChunkPump(
-                library,
-                self.lib,
-                self._ring,
-                passthrough=self.passthrough,
-                slot_count=len(LANES) * self.queue_depth,
-                progressed=self._progressed,
-            )
+        self._pump, self.pump_note = ChunkPump.open(
+            self.lib, self._ring, self.passthrough, len(LANES) * self.queue_depth, self._progressed
+        )
         self._reaper = self._pump or PlainReaper(self.lib, self._ring, big_cqes=self.passthrough)
 
     # -- API used by other threads ---------------------------------------------------------------
@@ -251,10 +244,11 @@ class Ring:
                 _log.error("ring thread died", error=repr(error))
 
     def _submit_and_wait(self) -> int:
-        """Submit what is queued and sleep (GIL released) until a completion arrives: waking
-        for several per wake-up (tried: a quarter of the queue, 2 ms bound) saved CPU but lost a
-        quarter of the read throughput at 1 MiB, QD 32 on the virtio disk here."""
-        return int(self.lib.io_uring_submit_and_wait(self._ring, 1))
+        """Submit what is queued and sleep (GIL released) until a completion arrives (with the
+        pump: until one needs Python). Waking for several per wake-up (tried: a quarter of the
+        queue, 2 ms bound) saved CPU but lost a quarter of the read throughput at 1 MiB, QD 32
+        on the virtio disk here."""
+        return self._reaper.wait()
 
     def _arm_wake(self) -> None:
         sqe = self._get_sqe()
@@ -296,7 +290,7 @@ class Ring:
         if self._pump is not None:
             if request.inflight:
                 self._pending_cancels += self._pump.recent_chunks(request, self.queue_depth)
-            self._pump.release_if_finished(request)
+            self._pump.settle(request)
 
     def _fill(self) -> None:
         """Post queued chunks, each submitted alone (a system call each) as fio does: submitted
@@ -335,7 +329,6 @@ class Ring:
             lib.io_uring_submit(ring)
 
     def _reap(self) -> None:
-        assert self._reaper is not None
         while True:
             completions, more = self._reaper.reap()
             for ud, res, extra in completions:
@@ -357,9 +350,13 @@ class Ring:
             if not more:
                 return
 
-    def _progressed(self, request: IORequest, chunks: int, nbytes: int) -> None:
-        """The pump counted ``chunks`` of ``request``'s chunks done in full."""
-        self._queues.chunk_finished(request, chunks)
+    def _progressed(self, request: IORequest, posted: int, chunks: int, nbytes: int) -> None:
+        """The pump posted ``posted`` more of ``request``'s chunks and counted ``chunks`` of them
+        done in full."""
+        self._queues.chunk_finished(request, chunks)  # first: the peak must not count both
+        if posted:
+            self._queues.started(request, posted)
+            self.chunks_submitted += posted
         request.chunks_done(chunks, nbytes)  # the pump gives a finished request's slot back
 
     def _chunk_completed(
@@ -370,7 +367,7 @@ class Ring:
         if request.retries and not request.stopped:
             self._queues.add_first(request)
         if self._pump is not None:
-            self._pump.release_if_finished(request)
+            self._pump.settle(request)
 
     def _fail_everything(self, error: BaseException) -> None:
         """Report the ring's death to every waiting caller instead of leaving them hanging.

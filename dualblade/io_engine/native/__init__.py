@@ -20,7 +20,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("chunk_pump.c")
 LIBRARY = Path(__file__).with_name("_chunk_pump.so")
 #: The C side's ``DB_PUMP_ABI``: a library built from another version of the source is not used.
-ABI = 1
+ABI = 2
 _DISABLE_VARIABLE = "DUALBLADE_NATIVE_PUMP"
 
 _c_int, _c_uint, _c_void_p = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p
@@ -60,16 +60,21 @@ def build(*, compiler: str | None = None, target: Path = LIBRARY) -> Path:
 
 
 def _bind(path: Path) -> ctypes.PyDLL:
-    # PyDLL: the calls keep the GIL, as the ring thread's other non-waiting liburing calls do
-    # (io_engine/_liburing.py says why); none of them waits.
+    """The library, its calls that do not wait keeping the GIL (PyDLL, as the ring thread's
+    other non-waiting liburing calls: io_engine/_liburing.py says why), and ``db_pump_run``,
+    which waits, bound again through CDLL as ``db_pump_run_nogil``: it lets the GIL go."""
     library = ctypes.PyDLL(str(path))
     for name in ("db_pump_abi", "db_pump_slot_bytes", "db_pump_bytes"):
         getattr(library, name).restype = _c_int
         getattr(library, name).argtypes = ()
     library.db_pump_fill.restype = _c_int
     library.db_pump_fill.argtypes = (_c_void_p, _c_uint, _c_uint)
-    library.db_pump_reap.restype = _c_int
-    library.db_pump_reap.argtypes = (_c_void_p, _c_void_p, _c_uint, _c_void_p, _c_void_p, _c_void_p)
+    library.db_pump_reap.restype = None
+    library.db_pump_reap.argtypes = (_c_void_p,)
+    run = ctypes.CDLL(str(path)).db_pump_run
+    run.restype = _c_int
+    run.argtypes = (_c_void_p,)
+    library.db_pump_run_nogil = run  # type: ignore[attr-defined]
     return library
 
 
@@ -89,7 +94,7 @@ def load() -> tuple[ctypes.PyDLL | None, str]:
     return library, ""
 
 
-def describe() -> str:
+def describe_chunk_pump() -> str:
     """One line for ``dualblade doctor``: the library in use, or why the ring posts in Python."""
     library, why = load()
     return f"native ({LIBRARY})" if library is not None else f"Python path: {why}"

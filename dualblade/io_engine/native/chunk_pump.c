@@ -15,20 +15,27 @@
  *     pointer, data length, starting LBA and block count in the command area).
  *   - A pump chunk's user_data is PUMP_TAG | slot << SLOT_SHIFT | chunk index.
  *   - A completion that did what was asked (a file command: res == length; an NVMe command:
- *     res == 0) only counts in its slot. Every other completion (errors, short transfers,
- *     cancellations, Python's own commands, the wake-up) is handed back to Python as
+ *     res == 0) only counts in its slot, and the slot's next chunk takes its place in flight at
+ *     once (a lane serves its first request until it has posted every chunk, so the same
+ *     request is the one Python would have posted next). Every other completion (errors, short
+ *     transfers, cancellations, Python's own commands, the wake-up) is handed back to Python as
  *     (user_data, res, big-CQE word), in order, for the Python path to handle as before.
+ *   - db_pump_run waits (the caller releases the GIL: it is bound through ctypes.CDLL) and
+ *     returns only when Python has something to do: a completion handed back, or a chunk whose
+ *     place in flight no chunk of its request could take (the request has posted them all, or
+ *     was stopped): its lane has room, and Python chooses what fills it.
  *
  * liburing is not linked: Python hands in the addresses of the liburing-ffi functions it already
  * loaded, so both sides use the same library and ring.
  */
+#include <errno.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 #include <linux/io_uring.h>
 #include <linux/nvme_ioctl.h>
 
-#define DB_PUMP_ABI 1
+#define DB_PUMP_ABI 2
 #define PUMP_TAG (1ULL << 63)
 #define SLOT_SHIFT 40
 #define CHUNK_MASK ((1ULL << SLOT_SHIFT) - 1)
@@ -47,14 +54,16 @@ struct db_slot {
     uint32_t lba_shift;   /* log2 of the LBA size (NVMe) */
     uint64_t done_chunks; /* completed as asked, since Python last took them */
     uint64_t done_bytes;
+    uint64_t posted;      /* chunks posted here in a completed one's place, since then too */
     uint32_t touched;     /* listed in this reap's touched slots */
-    uint32_t pad;
+    uint32_t stopped;     /* set by Python (cancelled, failed): post no more of it */
 };
 
 typedef void *(*get_sqe_fn)(void *ring);
 typedef int (*submit_fn)(void *ring);
 typedef unsigned (*peek_batch_fn)(void *ring, struct io_uring_cqe **cqes, unsigned count);
 typedef void (*cq_advance_fn)(void *ring, unsigned count);
+typedef int (*submit_and_wait_fn)(void *ring, unsigned wait_nr);
 
 struct db_pump {
     void *ring;
@@ -62,11 +71,18 @@ struct db_pump {
     submit_fn submit;
     peek_batch_fn peek_batch;
     cq_advance_fn cq_advance;
+    submit_and_wait_fn submit_and_wait;
     uint32_t sqe_bytes;   /* 64, or 128 on a passthrough ring */
     uint32_t big_cqe;     /* 1: 32-byte CQEs, whose second word is handed back too */
     uint32_t slot_count;
-    uint32_t pad;
+    uint32_t out_capacity; /* completions out holds */
     struct db_slot *slots;
+    uint64_t *out;        /* completions handed back: (user_data, res, big-CQE word) each */
+    uint32_t *touched;    /* slots with progress, each once, slot_count of room */
+    uint32_t handed;      /* filled in by the last run or reap */
+    uint32_t touched_count;
+    uint32_t more;        /* out was full: completions may be waiting */
+    uint32_t pad;
 };
 
 int db_pump_abi(void) { return DB_PUMP_ABI; }
@@ -98,22 +114,26 @@ static void place_chunk(const struct db_slot *slot, struct io_uring_sqe *sqe, ui
  * disk read them slower). Returns how many were posted; fewer when the SQ is full or the request
  * has none left. The slot's next_rel moves past them.
  */
+static int post_chunk(struct db_pump *pump, uint32_t slot_index) {
+    struct db_slot *slot = &pump->slots[slot_index];
+    struct io_uring_sqe *sqe = pump->get_sqe(pump->ring);
+    if (sqe == NULL)
+        return 0;
+    uint64_t rel = slot->next_rel;
+    uint64_t size = slot->length - rel < slot->chunk ? slot->length - rel : slot->chunk;
+    memcpy(sqe, slot->sqe, pump->sqe_bytes);
+    place_chunk(slot, sqe, rel, size);
+    sqe->user_data = PUMP_TAG | ((uint64_t)slot_index << SLOT_SHIFT) | (rel / slot->chunk);
+    slot->next_rel = rel + size;
+    pump->submit(pump->ring);
+    return 1;
+}
+
 int db_pump_fill(struct db_pump *pump, uint32_t slot_index, uint32_t max_chunks) {
     struct db_slot *slot = &pump->slots[slot_index];
     uint32_t posted = 0;
-    while (posted < max_chunks && slot->next_rel < slot->length) {
-        struct io_uring_sqe *sqe = pump->get_sqe(pump->ring);
-        if (sqe == NULL)
-            break;
-        uint64_t rel = slot->next_rel;
-        uint64_t size = slot->length - rel < slot->chunk ? slot->length - rel : slot->chunk;
-        memcpy(sqe, slot->sqe, pump->sqe_bytes);
-        place_chunk(slot, sqe, rel, size);
-        sqe->user_data = PUMP_TAG | ((uint64_t)slot_index << SLOT_SHIFT) | (rel / slot->chunk);
-        slot->next_rel = rel + size;
+    while (posted < max_chunks && slot->next_rel < slot->length && post_chunk(pump, slot_index))
         posted++;
-        pump->submit(pump->ring);
-    }
     return (int)posted;
 }
 
@@ -123,29 +143,25 @@ static int as_asked(const struct db_slot *slot, int32_t res, uint64_t size) {
 }
 
 /*
- * Reap every completion there is (at most out_capacity handed back). A pump chunk that did what
- * it asked counts in its slot, and the slot is listed once in touched; every other completion is
- * written to out as three words (user_data, res, big-CQE word). Returns the number of those;
- * *more is set when completions may be left because out is full (call again after handling out).
+ * Reap every completion there is, appending to what the last call left (at most out_capacity
+ * handed back). A pump chunk that did what it asked counts in its slot, the slot is listed once
+ * in touched, and its request's next chunk is posted in its place. Every other completion is
+ * written to out. Returns 1 when Python has something to do (see the top of this file).
  */
-int db_pump_reap(struct db_pump *pump, uint64_t *out, uint32_t out_capacity, uint32_t *touched,
-                 uint32_t *touched_count, uint32_t *more) {
+static int reap_into(struct db_pump *pump) {
     struct io_uring_cqe *cqes[REAP_BATCH];
-    uint32_t handed = 0;
-    *touched_count = 0;
-    *more = 0;
+    int python = 0;
     for (;;) {
-        uint32_t room = out_capacity - handed;
+        uint32_t room = pump->out_capacity - pump->handed;
         uint32_t want = room < REAP_BATCH ? room : REAP_BATCH;
         if (want == 0) {
-            *more = 1;
-            break;
+            pump->more = 1;
+            return 1;
         }
         unsigned count = pump->peek_batch(pump->ring, cqes, want);
         for (unsigned i = 0; i < count; i++) {
             struct io_uring_cqe *cqe = cqes[i];
             uint64_t user_data = cqe->user_data;
-            uint64_t extra = pump->big_cqe ? cqe->big_cqe[0] : 0;
             if (user_data & PUMP_TAG) {
                 uint32_t slot_index = (uint32_t)((user_data & ~PUMP_TAG) >> SLOT_SHIFT);
                 struct db_slot *slot = &pump->slots[slot_index];
@@ -156,19 +172,52 @@ int db_pump_reap(struct db_pump *pump, uint64_t *out, uint32_t out_capacity, uin
                     slot->done_bytes += size;
                     if (!slot->touched) {
                         slot->touched = 1;
-                        touched[(*touched_count)++] = slot_index;
+                        pump->touched[pump->touched_count++] = slot_index;
                     }
+                    if (!slot->stopped && slot->next_rel < slot->length &&
+                        post_chunk(pump, slot_index))
+                        slot->posted++;
+                    else
+                        python = 1;
                     continue;
                 }
             }
-            out[3 * handed] = user_data;
-            out[3 * handed + 1] = (uint64_t)(int64_t)cqe->res;
-            out[3 * handed + 2] = extra;
-            handed++;
+            uint64_t *entry = &pump->out[3 * pump->handed++];
+            entry[0] = user_data;
+            entry[1] = (uint64_t)(int64_t)cqe->res;
+            entry[2] = pump->big_cqe ? cqe->big_cqe[0] : 0;
+            python = 1;
         }
         pump->cq_advance(pump->ring, count);
         if (count < want)
-            break;
+            return python;
     }
-    return (int)handed;
+}
+
+static void start_report(struct db_pump *pump) {
+    pump->handed = 0;
+    pump->touched_count = 0;
+    pump->more = 0;
+}
+
+/* Reap without waiting (Python calls this while more is set). */
+void db_pump_reap(struct db_pump *pump) {
+    start_report(pump);
+    reap_into(pump);
+}
+
+/*
+ * Submit what is queued and wait, reaping and posting in C, until Python has something to do.
+ * Returns io_uring_submit_and_wait's result: negative for an error that is not a mere wake-up
+ * (EINTR, EAGAIN, EBUSY, ETIME are waited through).
+ */
+int db_pump_run(struct db_pump *pump) {
+    start_report(pump);
+    for (;;) {
+        int rc = pump->submit_and_wait(pump->ring, 1);
+        if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY && rc != -ETIME)
+            return rc;
+        if (reap_into(pump))
+            return rc < 0 ? 0 : rc;
+    }
 }
