@@ -138,6 +138,7 @@ class ChunkPump:
         )
         self._pump_ref = ctypes.byref(self._pump)
         self._reported = False  # the last wait() reaped what reap() hands out next
+        self.slot_count = slot_count
         self._free = list(range(slot_count - 1, -1, -1))
         self._requests: list[IORequest | None] = [None] * slot_count
         self._slot_of: dict[int, int] = {}  # id(request) -> slot
@@ -221,6 +222,11 @@ class ChunkPump:
             del self._slot_of[id(request)]
             self._requests[slot_index] = None
             self._free.append(slot_index)
+
+    @property
+    def free_slots(self) -> int:
+        """Slots no request holds (all of them, :attr:`slot_count`, when the ring is idle)."""
+        return len(self._free)
 
     def holds(self) -> list[IORequest]:
         """The requests that hold a slot."""

@@ -174,3 +174,52 @@ def test_a_failed_compile_names_the_compiler_and_leaves_nothing(tmp_path: os.Pat
     with pytest.raises(native.NativeBuildError, match=r"false failed on chunk_pump\.c"):
         native.build(compiler=shutil.which("false") or "false", target=target)
     assert list(Path(tmp_path).iterdir()) == []
+
+
+@needs_pump
+async def test_every_request_gives_its_slot_back(direct_file: DirectFile) -> None:
+    """A slot kept by a finished request would leave later requests on the Python path, silently
+    slower: after many requests (more than the slots), finished, cancelled or failed, none
+    holds one."""
+    with (
+        IOEngine(queue_depth=2, compat="off", max_chunk=64 << 10) as engine,
+        AlignedBuffer(1 << 20) as buffer,
+    ):
+        pump = ring_of(engine)._pump
+        assert pump is not None
+        for _ in range(3):
+            async with anyio.create_task_group() as group:
+                for index in range(8):  # 4 slots a lane (2 lanes × depth 2): they must recycle
+                    group.start_soon(engine.pread, direct_file, buffer, 128 << 10, index << 17)
+        assert pump.holds() == []
+        assert pump.free_slots == pump.slot_count
+        before = engine.chunks_submitted
+        await engine.pread(direct_file, buffer, 1 << 20, 0)
+        assert engine.chunks_submitted - before == 16
+        assert pump.holds() == []
+        assert pump.free_slots == pump.slot_count
+
+
+@needs_pump
+async def test_a_cancelled_request_with_chunks_in_flight_lets_go_of_its_slot_and_buffer() -> None:
+    """Reads of an empty pipe stay in flight until cancelled: the cancellation must reach the
+    pump's chunks too, the buffer come back only when the kernel let go of it, and the slot
+    be free afterwards."""
+    read_end, write_end = os.pipe()
+    with (
+        IOEngine(queue_depth=4, compat="off") as engine,
+        AlignedBuffer(4 * 4096, huge=False) as buffer,
+        RawFdTarget("pipe", read_end) as target,
+    ):
+        pump = ring_of(engine)._pump
+        assert pump is not None
+        with anyio.fail_after(5), anyio.move_on_after(0.2) as scope:  # a lost cancel: hangs
+            await engine.pread(target, buffer, 4 * 4096, 0)
+        assert scope.cancelled_caught
+        assert buffer.inflight == 0
+        assert pump.holds() == []
+        assert pump.free_slots == pump.slot_count
+        os.write(write_end, b"x" * 4096)  # the ring still works: a fresh read takes these bytes
+        assert await engine.pread(target, buffer, 4096, 0) == 4096
+        assert bytes(buffer.view[:4096]) == b"x" * 4096
+    os.close(write_end)
