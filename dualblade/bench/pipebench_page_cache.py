@@ -24,6 +24,7 @@ import torch
 from dualblade.bench.floor import page_cache_reads
 from dualblade.bench.page_cache_limit import FileToMove, LimitRun, measure_page_cache_limit
 from dualblade.bench.pipebench import pipeline_pass, prefill_random
+from dualblade.bench.process_stats import cpu_seconds_between, thread_cpu_seconds
 from dualblade.errors import ConfigError
 from dualblade.pipeline import PipelineConfig, layer_page_cache_bytes
 from dualblade.store import open_store
@@ -37,6 +38,9 @@ class PageCachePipeBenchResult:
     limit: list[float]
     limit_threads: list[int]
     pipeline_cpu_s_per_gb: list[float]
+    #: CPU seconds this process's other threads (the store's, io_uring's workers) spent while
+    #: the limit's threads ran: a limit slowed by our own idle store would show here.
+    limit_others_cpu_s: list[float]
     bytes_per_pass: int
     passes: int
     resident_fraction: float  # of the files' bytes, after the last run
@@ -52,6 +56,7 @@ class PageCachePipeBenchResult:
             "limit_median_bytes_per_s": round(statistics.median(self.limit)),
             "ratio": round(statistics.median(self.pipeline) / statistics.median(self.limit), 3),
             "pipeline_cpu_s_per_gb": round(statistics.median(self.pipeline_cpu_s_per_gb), 4),
+            "limit_others_cpu_s": [round(x, 3) for x in self.limit_others_cpu_s],
             "bytes_per_pass": self.bytes_per_pass,
             "passes": self.passes,
             "resident_fraction": round(self.resident_fraction, 4),
@@ -101,6 +106,7 @@ async def run_page_cache_pipebench(
         pipeline: list[float] = []
         cpu: list[float] = []
         best: list[LimitRun] = []
+        others_cpu: list[float] = []
 
         async def pipeline_side(run: int) -> None:
             start, cpu_start = time.perf_counter(), time.process_time()
@@ -112,12 +118,18 @@ async def run_page_cache_pipebench(
             progress(f"run {run + 1} pipeline {pipeline[-1] / 1e6:9.1f} MB/s")
 
         async def limit_side(run: int) -> None:
+            threads_before = thread_cpu_seconds()
             counts = await anyio.to_thread.run_sync(
                 lambda: measure_page_cache_limit(to_move, torch.device(device), passes=passes)
             )
+            # the limit's own threads have ended by now: what is counted is everyone else's
+            others_cpu.append(cpu_seconds_between(threads_before, thread_cpu_seconds()))
             best.append(max(counts, key=lambda c: c.bytes_per_s))
             rates = ", ".join(f"{c.threads}: {c.bytes_per_s / 1e6:.0f}" for c in counts)
-            progress(f"run {run + 1} limit    {best[-1].bytes_per_s / 1e6:9.1f} MB/s ({rates})")
+            progress(
+                f"run {run + 1} limit    {best[-1].bytes_per_s / 1e6:9.1f} MB/s ({rates}; "
+                f"the process's other threads meanwhile: {others_cpu[-1]:.2f} CPU s)"
+            )
 
         try:
             for run in range(runs):
@@ -133,6 +145,7 @@ async def run_page_cache_pipebench(
         [run.bytes_per_s for run in best],
         [run.threads for run in best],
         cpu,
+        others_cpu,
         bytes_per_pass,
         passes,
         resident,

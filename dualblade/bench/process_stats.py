@@ -70,3 +70,27 @@ def live_threads() -> set[str]:
         for thread in threading.enumerate()
         if not thread.name.startswith(CACHED_THREAD_PREFIXES)
     }
+
+
+def thread_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of each thread of this process, keyed ``comm#tid``: the
+    kernel's threads too (``/proc/self/task``), among them io_uring's workers (``iou-wrk-*``),
+    which ``threading`` does not list."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as stat:
+                text = stat.read()
+        except OSError:
+            continue  # ended meanwhile
+        name = text[text.index("(") + 1 : text.rindex(")")]
+        fields = text[text.rindex(")") + 2 :].split()
+        out[f"{name}#{tid}"] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return out
+
+
+def cpu_seconds_between(before: dict[str, float], after: dict[str, float]) -> float:
+    """CPU seconds the threads alive in ``after`` spent since ``before`` (a thread new since
+    then counts whole); threads that ended in between are not counted."""
+    return sum(seconds - before.get(key, 0.0) for key, seconds in after.items())
