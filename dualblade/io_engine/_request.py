@@ -133,7 +133,7 @@ class IORequest:
         assert buffer is not None
         index = fixed_index.get(id(buffer)) if not target.passthrough else None
         address = buffer.address + self.buf_offset + rel
-        return target.io_op(self.is_write, address, min(size, self.length - rel), offset, index)
+        return target.io_op(self.is_write, address, size, offset, index)
 
     def push_back(self, chunk: tuple[int, int]) -> None:
         """Return a chunk that could not be submitted (e.g. the SQ was full)."""

@@ -303,7 +303,8 @@ class Ring:
         queues, inflight, pump, fixed = self._queues, self._inflight, self._pump, self._fixed_index
         while (request := queues.head()) is not None:
             if pump and not request.retries and not self.observer and request.kind is not Kind.TRIM:
-                first = functools.partial(request.command, 0, request.chunk_size, fixed)
+                first_size = min(request.chunk_size, request.length)
+                first = functools.partial(request.command, 0, first_size, fixed)
                 posted = pump.fill(request, queues.room(request), first)
                 if posted is not None:
                     if not posted:
@@ -315,7 +316,7 @@ class Ring:
             assert taken is not None
             request, chunk = taken
             rel, size = chunk
-            op = request.command(rel, size, self._fixed_index)
+            op = request.command(rel, size, fixed)
             sqe: int | None = lib.io_uring_get_sqe(ring)
             if not sqe:
                 queues.give_back(request, chunk)
