@@ -208,6 +208,15 @@ class ChunkPump:
         slot.done_chunks = slot.done_bytes = slot.posted = slot.touched = slot.stopped = 0
         self._requests[slot_index] = request
         self._slot_of[id(request)] = slot_index
+        notify = request.notify
+
+        def free_then_notify() -> None:
+            # The slot is free before the waiter hears of the end: a caller that checks the
+            # pump (or starts its next request) right after its await must find the slot back.
+            self.settle(request)
+            notify()
+
+        request.notify = free_then_notify
         return slot_index
 
     def settle(self, request: IORequest) -> None:

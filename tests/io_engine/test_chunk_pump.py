@@ -179,6 +179,34 @@ def test_a_failed_compile_names_the_compiler_and_leaves_nothing(tmp_path: os.Pat
 
 
 @needs_pump
+async def test_a_request_has_given_its_slot_back_when_its_caller_hears_of_the_end(
+    direct_file: DirectFile,
+) -> None:
+    """The slot is freed before the request's end is told: freed after, a caller that looked at
+    the pump (or started its next request) right after its await could find it still held (a
+    full-suite run caught ``holds()`` non-empty after ``await engine.pread``)."""
+    with (
+        IOEngine(queue_depth=2, compat="off", max_chunk=64 << 10) as engine,
+        AlignedBuffer(1 << 20) as buffer,
+    ):
+        pump = ring_of(engine)._pump
+        assert pump is not None
+        seen: list[tuple[int, int, BaseException | None]] = []
+        ended = anyio.Event()
+        token = anyio.lowlevel.current_token()
+
+        def then(error: BaseException | None) -> None:  # on the ring thread, as the read ends
+            seen.append((len(pump.holds()), pump.free_slots, error))
+            anyio.from_thread.run_sync(ended.set, token=token)
+
+        for _ in range(4):
+            ended = anyio.Event()
+            engine.read_then(direct_file, buffer, 1 << 20, 0, then)
+            await ended.wait()
+        assert seen == [(0, pump.slot_count, None)] * 4
+
+
+@needs_pump
 async def test_every_request_gives_its_slot_back(direct_file: DirectFile) -> None:
     """A slot kept by a finished request would leave later requests on the Python path, silently
     slower: after many requests (more than the slots), finished, cancelled or failed, none
