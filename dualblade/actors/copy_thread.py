@@ -22,6 +22,7 @@ import anyio
 import torch
 from anyio.abc import TaskGroup, TaskStatus
 
+from dualblade.actors import transfer_pieces
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.buffer_views import BufferViews
@@ -44,14 +45,6 @@ from dualblade.errors import DualbladeError, plain_errors
 from dualblade.io_engine import AlignedBuffer, StorageSlots
 from dualblade.telemetry import NULL_TRACER, Tracer
 
-#: Row-aligned pieces of a transfer, so that a piece's DMA (or host copy) overlaps the next one's
-#: storage transfer; each costs fixed Python: at 1 MiB the page-cache path spent most of its time
-#: there (1.5 GB/s against 7 GB/s for a plain cached read).
-PIECE_BYTES = 4 << 20
-#: Pieces for CUDA copies (~0.1-0.3 ms of Python each against 20 us per MiB at 50 GB/s): on the
-#: H200 a resident OPT-6.7B cache reached the GPU at 7.4-8.8 GB/s in 8 MiB pieces, 18-20 in 64 MiB,
-#: the last piece's DMA trailing its read by 1.4 ms (a disk read of it takes 34 ms).
-CUDA_PIECE_BYTES = 64 << 20
 #: Transfers a copy thread runs at once: on the host most never touch its buffer (loads land in
 #: the caller's memory), so four; with CUDA two, each in an image of the buffer (docs/bench.md).
 HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
@@ -97,9 +90,11 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.co_dma_transfers = 0
         self.bytes_stored = 0
         self._ranges = RangeLocks()
-        self.piece_bytes = CUDA_PIECE_BYTES if dma.cuda else PIECE_BYTES
         self.images = images
         self.image_bytes = buffer.size // images
+        self.piece_bytes = transfer_pieces.piece_bytes_for(
+            cuda=dma.cuda, images=images, image_bytes=self.image_bytes
+        )
         #: Transfers at once: the tail of one overlaps the head of the next (see above).
         self.max_transfers = CUDA_TRANSFERS if dma.cuda else HOST_TRANSFERS
         self._slots = anyio.Semaphore(self.max_transfers)

@@ -25,6 +25,7 @@ from dualblade.actors import (
     RowView,
     Store,
     TransferStats,
+    transfer_pieces,
 )
 from dualblade.actors.spans import DirectSpan, PageCacheSpan, PathCounters
 from dualblade.io_engine import (
@@ -70,17 +71,17 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def make_rig(tmp_path) -> AsyncIterator[Rig]:
+async def make_rig(tmp_path, images: int = 2) -> AsyncIterator[Rig]:
     with (
         IOEngine(queue_depth=8, max_chunk=16 << 10) as engine,
         DirectFile(tmp_path / "direct.kv", ROWS * ROW_BYTES) as target,
-        AlignedBuffer(2 * ROWS * ROW_BYTES) as buffer,  # two KPU images, as on CUDA
+        AlignedBuffer(images * ROWS * ROW_BYTES) as buffer,  # two KPU images, as on CUDA
     ):
         dma = GpuDmaActor(torch.device("cpu"))
         async with anyio.create_task_group() as tg:
             await tg.start(dma.run)
             held = fake_cuda_dma(dma)
-            thread = CopyThreadActor(0, buffer, dma, OverlapGate(1), images=2)
+            thread = CopyThreadActor(0, buffer, dma, OverlapGate(1), images=images)
             await tg.start(thread.run)
             try:
                 yield Rig(thread, dma, held, engine, target, buffer, tg.cancel_scope)
@@ -111,6 +112,30 @@ async def test_a_chained_load_brings_every_byte_through_the_pinned_buffer(tmp_pa
             )
         assert rig.thread.co_dma_transfers == rig.thread.direct_transfers == 4
         assert rig.buffer.inflight == 0
+
+
+@pytest.mark.parametrize("images", [1, 2])
+async def test_a_two_image_cuda_load_is_one_chained_piece_however_large(
+    tmp_path, monkeypatch, images
+):
+    """With two images a CUDA load is never cut: a span four one-image pieces long goes as one
+    chained load (in 64 MiB pieces an OPT-6.7B K was three loop tasks, and the page-cache path
+    reached 0.82-0.86 of its limit against 0.91-0.96 as one piece). With one image it is cut,
+    so that the pieces' copies overlap the later pieces' reads."""
+    monkeypatch.setattr(transfer_pieces, "CUDA_PIECE_BYTES", ROWS * ROW_BYTES // 4)
+    async with make_rig(tmp_path, images=images) as rig:
+        source = data(7)
+        await rig.move("store", source)
+        copies_before = rig.dma.driver_copies
+        destination = torch.empty_like(source)
+        await rig.move("load", destination)
+        assert torch.equal(destination, source)
+        if images == 2:
+            assert rig.thread.piece_bytes == rig.thread.image_bytes
+            assert rig.dma.chained_copies == 1
+        else:
+            assert rig.dma.chained_copies == 0
+            assert rig.dma.driver_copies - copies_before == 4  # one copy per piece
 
 
 async def test_a_failed_chained_read_fails_that_load_only(tmp_path):

@@ -21,6 +21,7 @@ from dualblade.actors import (
     Store,
     TransferStats,
     copy_thread,
+    transfer_pieces,
 )
 from dualblade.actors.spans import DirectSpan, PathCounters
 from dualblade.io_engine import AlignedBuffer, DirectFile, IOEngine, IOFailedError, StorageSlots
@@ -93,7 +94,7 @@ async def make_rig(tmp_path, images: int = 1) -> AsyncIterator[Rig]:
 
 @pytest.fixture
 async def rig(tmp_path, monkeypatch) -> AsyncIterator[Rig]:
-    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 5 * STRIDE)  # 5-row pieces
+    monkeypatch.setattr(transfer_pieces, "PIECE_BYTES", 5 * STRIDE)  # 5-row pieces
     async with make_rig(tmp_path) as made:
         yield made
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.actors import copy_thread
+from dualblade.actors import transfer_pieces
 from dualblade.store import open_store
 
 from .conftest import POLICIES, SHAPES, random_kv
@@ -82,7 +82,7 @@ async def test_four_dimensional_tensors_are_accepted(make_config, policy):
 @pytest.mark.parametrize("policy", POLICIES)
 async def test_transfers_cut_into_many_pieces_stay_exact(make_config, policy, monkeypatch):
     """Pieces of 3 padded rows: piece DMAs overlap later reads inside one buffer."""
-    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 3 * 4096)
+    monkeypatch.setattr(transfer_pieces, "PIECE_BYTES", 3 * 4096)
     config = make_config(policy, "odd-gqa", prompt_len=40, max_new_tokens=3)
     async with open_store(config, device="cpu") as store, store.context() as ctx:
         written = {}
@@ -104,7 +104,7 @@ async def test_transfers_cut_into_many_pieces_stay_exact(make_config, policy, mo
 async def test_store_direct_path_is_co_dma(make_config, monkeypatch):
     """Through the store: every direct transfer used one host buffer for the storage DMA and the
     device copy, and each piece was one CPU copy (this machine has no GPU)."""
-    monkeypatch.setattr(copy_thread, "PIECE_BYTES", 4 * 4096)
+    monkeypatch.setattr(transfer_pieces, "PIECE_BYTES", 4 * 4096)
     config = make_config("direct", "odd-gqa", prompt_len=16, max_new_tokens=1)
     async with open_store(config, device="cpu") as store, store.context() as ctx:
         k, v = random_kv(config, 16, seed=7)
