@@ -18,6 +18,7 @@ short transfer, takes the Python path beside it on the same ring.
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable
 from typing import ClassVar, Final
 
@@ -52,6 +53,8 @@ class _Slot(ctypes.Structure):
         ("posted", ctypes.c_uint64),
         ("touched", ctypes.c_uint32),
         ("stopped", ctypes.c_uint32),
+        ("inflight", ctypes.c_uint32),
+        ("successor", ctypes.c_uint32),
     ]
 
 
@@ -75,7 +78,7 @@ class _Pump(ctypes.Structure):
         ("handed", ctypes.c_uint32),
         ("touched_count", ctypes.c_uint32),
         ("more", ctypes.c_uint32),
-        ("pad", ctypes.c_uint32),
+        ("successor_posts", ctypes.c_uint32),
     ]
 
 
@@ -92,9 +95,12 @@ class ChunkPump:
         native: the loaded library (:func:`dualblade.io_engine.native.load`).
         lib: the ring's liburing; ring: the address of its ``struct io_uring``.
         passthrough: the ring has 128-byte SQEs and 32-byte CQEs.
-        slot_count: requests the pump carries at once (the lanes' depth together is plenty:
-            a request holds its slot only while it has chunks to post or in flight).
-        progressed: called with a request, how many of its chunks C posted (its fields
+        slot_count: requests the pump carries at once (the lanes' depth together, and one
+            more per lane for the request it hands out next: a request holds its slot only
+            while it has chunks to post or in flight).
+        finished: called first, for every request with progress, with how many of its chunks
+            completed (they are no longer in flight in its lane).
+        progressed: called next with a request, how many of its chunks C posted (its fields
             already say so) and how many of its chunks and bytes completed.
 
     Raises:
@@ -110,6 +116,7 @@ class ChunkPump:
         *,
         passthrough: bool,
         slot_count: int,
+        finished: Callable[[IORequest, int], None],
         progressed: Callable[[IORequest, int, int, int], None],
     ) -> None:
         if native.db_pump_slot_bytes() != ctypes.sizeof(_Slot) or native.db_pump_bytes() != (
@@ -142,6 +149,11 @@ class ChunkPump:
         self._free = list(range(slot_count - 1, -1, -1))
         self._requests: list[IORequest | None] = [None] * slot_count
         self._slot_of: dict[int, int] = {}  # id(request) -> slot
+        #: Per lane, the slot of the request opened last, while it holds it: the next request
+        #: opened in that lane becomes its successor (chunk_pump.c's post_successor).
+        self._lane_last: dict[str, int] = {}
+        self._predecessor: dict[int, int] = {}  # slot -> the slot whose successor it is
+        self._finished = finished
         self._progressed = progressed
 
     @classmethod
@@ -151,6 +163,7 @@ class ChunkPump:
         ring: int,
         passthrough: bool,
         slot_count: int,
+        finished: Callable[[IORequest, int], None],
         progressed: Callable[[IORequest, int, int, int], None],
     ) -> tuple[ChunkPump | None, str]:
         """The ring's pump and "", or None and why there is none (:func:`native.load`)."""
@@ -163,6 +176,7 @@ class ChunkPump:
             ring,
             passthrough=passthrough,
             slot_count=slot_count,
+            finished=finished,
             progressed=progressed,
         )
         return pump, ""
@@ -176,6 +190,8 @@ class ChunkPump:
         if slot_index is None:
             slot_index = self._take_slot(request, first_op)
             if slot_index is None:
+                # posted the Python way: a later pump request of the lane must not pass it
+                self._lane_last.pop(request.target.lane, None)
                 return None
         slot = self._slots[slot_index]
         slot.next_rel = request.submitted
@@ -184,6 +200,23 @@ class ChunkPump:
             request.submitted = slot.next_rel
             request.chunks_started(posted)
         return posted
+
+    def prepare(self, upcoming: list[IORequest], fixed: dict[int, int]) -> None:
+        """Give slots to the requests a lane hands out next (``upcoming``, lane by lane, in
+        order), posting nothing: opened behind the request in flight, the next one is its
+        successor, and C posts its chunks in the places of the last ones of the request before
+        it as they complete. Opened only when it is the lane's head, after a completion had
+        already come back to Python for the room, the next request started a queue depth of
+        completions late on a fast device, whose last chunks all complete in one batch. Stops
+        at the first request the pump cannot take (its slot would pass it in the lane)."""
+        for request in upcoming:
+            if id(request) in self._slot_of or request.retries:
+                continue
+            first_size = min(request.chunk_size, request.length)
+            first_op = functools.partial(request.command, 0, first_size, fixed)
+            if self._take_slot(request, first_op) is None:
+                return
+            self._slots[self._slot_of[id(request)]].next_rel = request.submitted
 
     def _take_slot(self, request: IORequest, first_op: Callable[[], opcodes.Op]) -> int | None:
         if not self._free or request.buffer is None or not request.target.native_completion:
@@ -206,8 +239,15 @@ class ChunkPump:
         slot.kind = kind
         slot.lba_shift = request.target.lba_size.bit_length() - 1
         slot.done_chunks = slot.done_bytes = slot.posted = slot.touched = slot.stopped = 0
+        slot.inflight = slot.successor = 0
         self._requests[slot_index] = request
         self._slot_of[id(request)] = slot_index
+        lane = request.target.lane
+        if (before := self._lane_last.get(lane)) is not None:
+            # a lane hands out its requests' chunks in order: this one is next after ``before``
+            self._slots[before].successor = slot_index + 1
+            self._predecessor[slot_index] = before
+        self._lane_last[lane] = slot_index
         notify = request.notify
 
         def free_then_notify() -> None:
@@ -230,7 +270,33 @@ class ChunkPump:
         if request.finished:
             del self._slot_of[id(request)]
             self._requests[slot_index] = None
+            self._unlink(slot_index, request.target.lane)
             self._free.append(slot_index)
+
+    def _unlink(self, slot_index: int, lane: str) -> None:
+        """Take a freed slot out of its lane's chain: no slot may name it as successor (it may
+        serve another lane's request next), and a successor of it follows its predecessor."""
+        before = self._predecessor.pop(slot_index, None)
+        after = self._slots[slot_index].successor
+        self._slots[slot_index].successor = 0
+        if after:
+            if before is None:
+                self._predecessor.pop(after - 1, None)
+            else:
+                self._predecessor[after - 1] = before
+        if before is not None:
+            self._slots[before].successor = after
+        if self._lane_last.get(lane) == slot_index:
+            if before is None:
+                del self._lane_last[lane]
+            else:
+                self._lane_last[lane] = before
+
+    @property
+    def successor_posts(self) -> int:
+        """Chunks C posted in the place of another request's (of the same lane) so far: what
+        kept the lane full at a request's end without a return to Python (modulo 2**32)."""
+        return int(self._pump.successor_posts)
 
     @property
     def free_slots(self) -> int:
@@ -277,6 +343,7 @@ class ChunkPump:
         else:
             self._native.db_pump_reap(self._pump_ref)
         pump, touched, slots, requests = self._pump, self._touched, self._slots, self._requests
+        progress: list[tuple[IORequest, int, int, int]] = []
         for position in range(pump.touched_count):
             slot_index = touched[position]
             slot = slots[slot_index]
@@ -287,6 +354,13 @@ class ChunkPump:
             if posted:  # before the completions: the request must not look finished early
                 request.submitted = slot.next_rel
                 request.chunks_started(posted)
+            progress.append((request, posted, chunks, nbytes))
+        # Every request's completions leave its lane before any new chunk counts: a lane's
+        # next request, posted in the places of the last one's chunks, would otherwise count
+        # as in flight beside them.
+        for request, _, chunks, _ in progress:
+            self._finished(request, chunks)
+        for request, posted, chunks, nbytes in progress:
             self._progressed(request, posted, chunks, nbytes)
             self.settle(request)
         out = self._out

@@ -108,6 +108,20 @@ class LaneQueues:
                 queue.popleft()
         return None
 
+    def upcoming(self, per_lane: int = 2) -> list[IORequest]:
+        """Lane by lane, the first ``per_lane`` queued requests with chunks left: the ones
+        whose chunks a lane hands out next, in that order (nothing is taken off a queue)."""
+        found: list[IORequest] = []
+        for queue in self._waiting.values():
+            taken = 0
+            for request in queue:
+                if taken == per_lane:
+                    break
+                if request.has_chunks():
+                    found.append(request)
+                    taken += 1
+        return found
+
     def room(self, request: IORequest) -> int:
         """Chunks ``request``'s lane may start now."""
         return self.queue_depth - self._inflight[self.lane_of(request)]

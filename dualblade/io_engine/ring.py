@@ -108,8 +108,10 @@ class Ring:
         self.setup_flags = init_ring(
             self.lib, self._ring, len(LANES) * self.queue_depth, passthrough=self.passthrough
         )
+        slots = len(LANES) * (self.queue_depth + 1)  # a lane's requests in flight, and its next
+        finished, progressed = self._queues.chunk_finished, self._progressed
         self._pump, self.pump_note = ChunkPump.open(
-            self.lib, self._ring, self.passthrough, len(LANES) * self.queue_depth, self._progressed
+            self.lib, self._ring, self.passthrough, slots, finished, progressed
         )
         self._reaper = self._pump or PlainReaper(self.lib, self._ring, big_cqes=self.passthrough)
 
@@ -328,6 +330,8 @@ class Ring:
             request.chunk_started()
             self.chunks_submitted += 1
             lib.io_uring_submit(ring)
+        if pump and not self.observer:
+            pump.prepare(queues.upcoming(), fixed)
 
     def _reap(self) -> None:
         while True:
@@ -353,8 +357,7 @@ class Ring:
 
     def _progressed(self, request: IORequest, posted: int, chunks: int, nbytes: int) -> None:
         """The pump posted ``posted`` more of ``request``'s chunks and counted ``chunks`` of them
-        done in full."""
-        self._queues.chunk_finished(request, chunks)  # first: the peak must not count both
+        done in full (they have left the lane's count already: the peak must not count both)."""
         if posted:
             self._queues.started(request, posted)
             self.chunks_submitted += posted

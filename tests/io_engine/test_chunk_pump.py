@@ -7,6 +7,7 @@ import errno
 import os
 import shutil
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -94,6 +95,86 @@ def test_every_byte_round_trips_through_the_pump(
             assert pump_engine.peak_inflight <= 8
 
     anyio.run(round_trip)
+
+
+@needs_pump
+@settings(
+    max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(pages=st.lists(st.integers(min_value=1, max_value=40), min_size=2, max_size=6))
+def test_requests_of_a_lane_follow_each_other_in_c_and_every_byte_lands(
+    pump_engine: IOEngine, direct_file: DirectFile, pages: list[int]
+) -> None:
+    """Requests queued together in one lane: as one has posted its last chunk, C posts the next
+    one's chunks in its completions' places (its successor), with no return to Python. Every
+    request's bytes land in its own region (sha256, guard pages between regions), the queue
+    depth holds, and every slot and link is given back."""
+    ring = ring_of(pump_engine)
+    pump = ring._pump
+    assert pump is not None
+    sizes = [count * 4096 for count in pages]
+    starts = [sum(sizes[:index]) + 4096 * (index + 1) for index in range(len(sizes))]
+    payloads = [os.urandom(size) for size in sizes]
+    total = starts[-1] + sizes[-1] + 4096
+
+    async def both_ways() -> None:
+        with AlignedBuffer(total, huge=False) as buffer:
+            for start, payload in zip(starts, payloads, strict=True):
+                buffer.view[start : start + len(payload)] = payload
+            async with anyio.create_task_group() as group:
+                for start, size in zip(starts, sizes, strict=True):
+                    group.start_soon(
+                        partial(pump_engine.pwrite, buf_offset=start),
+                        direct_file,
+                        buffer,
+                        size,
+                        start,
+                    )
+            buffer.view[:] = bytes(total)
+            async with anyio.create_task_group() as group:
+                for start, size in zip(starts, sizes, strict=True):
+                    group.start_soon(
+                        partial(pump_engine.pread, buf_offset=start),
+                        direct_file,
+                        buffer,
+                        size,
+                        start,
+                    )
+            for start, payload in zip(starts, payloads, strict=True):
+                assert digest(buffer.view[start : start + len(payload)]) == digest(payload)
+                assert bytes(buffer.view[start - 4096 : start]) == bytes(4096)
+            assert bytes(buffer.view[total - 4096 :]) == bytes(4096)
+            assert pump_engine.peak_inflight <= 8
+
+    anyio.run(both_ways)
+    assert pump.holds() == []
+    assert pump.free_slots == pump.slot_count
+    assert pump._lane_last == {}
+    assert pump._predecessor == {}
+    assert all(pump._slots[index].successor == 0 for index in range(pump.slot_count))
+
+
+@needs_pump
+async def test_a_lane_long_enough_keeps_its_queue_full_in_c(direct_file: DirectFile) -> None:
+    """Eight requests of 32 chunks each at QD 4, queued together: as each one posts its last
+    chunk, the next one's chunks take its completions' places in C (counted). A completion
+    batch that holds every one of a request's last chunks leaves no place to take, so one
+    transition may pass without; seven cannot all do so."""
+    with (
+        IOEngine(queue_depth=4, compat="off", max_chunk=16 << 10) as engine,
+        AlignedBuffer(4 << 20, huge=False) as buffer,
+    ):
+        pump = ring_of(engine)._pump
+        assert pump is not None
+        before = pump.successor_posts
+        async with anyio.create_task_group() as group:
+            for index in range(8):
+                start = index * (512 << 10)
+                group.start_soon(
+                    partial(engine.pread, buf_offset=start), direct_file, buffer, 512 << 10, start
+                )
+        assert pump.successor_posts - before >= 1
+        assert pump.holds() == []
 
 
 @needs_pump

@@ -20,7 +20,7 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("chunk_pump.c")
 LIBRARY = Path(__file__).with_name("_chunk_pump.so")
 #: The C side's ``DB_PUMP_ABI``: a library built from another version of the source is not used.
-ABI = 2
+ABI = 3
 _DISABLE_VARIABLE = "DUALBLADE_NATIVE_PUMP"
 
 _c_int, _c_uint, _c_void_p = ctypes.c_int, ctypes.c_uint, ctypes.c_void_p

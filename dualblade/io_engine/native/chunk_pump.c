@@ -17,13 +17,17 @@
  *   - A completion that did what was asked (a file command: res == length; an NVMe command:
  *     res == 0) only counts in its slot, and the slot's next chunk takes its place in flight at
  *     once (a lane serves its first request until it has posted every chunk, so the same
- *     request is the one Python would have posted next). Every other completion (errors, short
- *     transfers, cancellations, Python's own commands, the wake-up) is handed back to Python as
- *     (user_data, res, big-CQE word), in order, for the Python path to handle as before.
+ *     request is the one Python would have posted next). A request that has posted every chunk
+ *     gives its place to the next request of its lane that Python has opened a slot for (the
+ *     slot's successor, which Python links when it opens that slot). Every other completion
+ *     (errors, short transfers, cancellations, Python's own commands, the wake-up) is handed back
+ *     to Python as (user_data, res, big-CQE word), in order, for the Python path to handle as
+ *     before.
  *   - db_pump_run waits (the caller releases the GIL: it is bound through ctypes.CDLL) and
- *     returns only when Python has something to do: a completion handed back, or a chunk whose
- *     place in flight no chunk of its request could take (the request has posted them all, or
- *     was stopped): its lane has room, and Python chooses what fills it.
+ *     returns only when Python has something to do: a completion handed back, a request whose
+ *     last chunk completed (its caller is told), or a chunk whose place in flight no pump chunk
+ *     could take (its request was stopped, or neither it nor a successor has one left): its
+ *     lane has room, and Python chooses what fills it.
  *
  * liburing is not linked: Python hands in the addresses of the liburing-ffi functions it already
  * loaded, so both sides use the same library and ring.
@@ -35,7 +39,7 @@
 #include <linux/io_uring.h>
 #include <linux/nvme_ioctl.h>
 
-#define DB_PUMP_ABI 2
+#define DB_PUMP_ABI 3
 #define PUMP_TAG (1ULL << 63)
 #define SLOT_SHIFT 40
 #define CHUNK_MASK ((1ULL << SLOT_SHIFT) - 1)
@@ -57,6 +61,8 @@ struct db_slot {
     uint64_t posted;      /* chunks posted here in a completed one's place, since then too */
     uint32_t touched;     /* listed in this reap's touched slots */
     uint32_t stopped;     /* set by Python (cancelled, failed): post no more of it */
+    uint32_t inflight;    /* its chunks posted and not yet completed */
+    uint32_t successor;   /* 1 + the slot of the next request of its lane, or 0 (set by Python) */
 };
 
 typedef void *(*get_sqe_fn)(void *ring);
@@ -82,7 +88,7 @@ struct db_pump {
     uint32_t handed;      /* filled in by the last run or reap */
     uint32_t touched_count;
     uint32_t more;        /* out was full: completions may be waiting */
-    uint32_t pad;
+    uint32_t successor_posts; /* chunks posted in another request's place, ever (wraps) */
 };
 
 int db_pump_abi(void) { return DB_PUMP_ABI; }
@@ -125,8 +131,42 @@ static int post_chunk(struct db_pump *pump, uint32_t slot_index) {
     place_chunk(slot, sqe, rel, size);
     sqe->user_data = PUMP_TAG | ((uint64_t)slot_index << SLOT_SHIFT) | (rel / slot->chunk);
     slot->next_rel = rel + size;
+    slot->inflight++;
     pump->submit(pump->ring);
     return 1;
+}
+
+static void touch(struct db_pump *pump, uint32_t slot_index) {
+    struct db_slot *slot = &pump->slots[slot_index];
+    if (!slot->touched) {
+        slot->touched = 1;
+        pump->touched[pump->touched_count++] = slot_index;
+    }
+}
+
+/*
+ * Post the next fresh chunk of the first request after `slot` in its lane's order (its
+ * successors) that has one, in the place of a chunk of `slot`, whose request has posted all
+ * of its own. Without this, every completion of a request's last chunks came back to Python
+ * for the lane's next request to be posted: about a queue depth of returns per request, and in
+ * the QEMU guest, where each costs hundreds of emulated microseconds, the device's queue ran
+ * short at every request's end. Returns 1 if a chunk was posted.
+ */
+static int post_successor(struct db_pump *pump, const struct db_slot *slot) {
+    uint32_t next = slot->successor;
+    for (uint32_t hops = 0; next != 0 && hops < pump->slot_count; hops++) {
+        struct db_slot *later = &pump->slots[next - 1];
+        if (!later->stopped && later->next_rel < later->length) {
+            if (!post_chunk(pump, next - 1))
+                return 0;
+            later->posted++;
+            pump->successor_posts++;
+            touch(pump, next - 1);
+            return 1;
+        }
+        next = later->successor;
+    }
+    return 0;
 }
 
 int db_pump_fill(struct db_pump *pump, uint32_t slot_index, uint32_t max_chunks) {
@@ -145,8 +185,9 @@ static int as_asked(const struct db_slot *slot, int32_t res, uint64_t size) {
 /*
  * Reap every completion there is, appending to what the last call left (at most out_capacity
  * handed back). A pump chunk that did what it asked counts in its slot, the slot is listed once
- * in touched, and its request's next chunk is posted in its place. Every other completion is
- * written to out. Returns 1 when Python has something to do (see the top of this file).
+ * in touched, and its request's next chunk is posted in its place, or, when the request has
+ * posted them all, the next chunk of a later request of its lane (post_successor). Every other
+ * completion is written to out. Returns 1 when Python has something to do (see the top of this file).
  */
 static int reap_into(struct db_pump *pump) {
     struct io_uring_cqe *cqes[REAP_BATCH];
@@ -167,18 +208,20 @@ static int reap_into(struct db_pump *pump) {
                 struct db_slot *slot = &pump->slots[slot_index];
                 uint64_t rel = (user_data & CHUNK_MASK) * slot->chunk;
                 uint64_t size = slot->length - rel < slot->chunk ? slot->length - rel : slot->chunk;
+                slot->inflight--;
                 if (as_asked(slot, cqe->res, size)) {
                     slot->done_chunks++;
                     slot->done_bytes += size;
-                    if (!slot->touched) {
-                        slot->touched = 1;
-                        pump->touched[pump->touched_count++] = slot_index;
-                    }
-                    if (!slot->stopped && slot->next_rel < slot->length &&
-                        post_chunk(pump, slot_index))
-                        slot->posted++;
-                    else
+                    touch(pump, slot_index);
+                    if (slot->stopped)
                         python = 1;
+                    else if (slot->next_rel < slot->length) {
+                        if (post_chunk(pump, slot_index))
+                            slot->posted++;
+                        else
+                            python = 1;
+                    } else if (!post_successor(pump, slot) || slot->inflight == 0)
+                        python = 1; /* its place is Python's to fill, or its caller is told */
                     continue;
                 }
             }
