@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from functools import partial
 from pathlib import Path
 
@@ -117,29 +117,21 @@ def test_requests_of_a_lane_follow_each_other_in_c_and_every_byte_lands(
     payloads = [os.urandom(size) for size in sizes]
     total = starts[-1] + sizes[-1] + 4096
 
+    async def every_region(
+        op: Callable[..., Coroutine[object, object, object]], buffer: AlignedBuffer
+    ) -> None:
+        """``op`` on every region at once: the requests queue together in the lane."""
+        async with anyio.create_task_group() as group:
+            for start, size in zip(starts, sizes, strict=True):
+                group.start_soon(partial(op, buf_offset=start), direct_file, buffer, size, start)
+
     async def both_ways() -> None:
         with AlignedBuffer(total, huge=False) as buffer:
             for start, payload in zip(starts, payloads, strict=True):
                 buffer.view[start : start + len(payload)] = payload
-            async with anyio.create_task_group() as group:
-                for start, size in zip(starts, sizes, strict=True):
-                    group.start_soon(
-                        partial(pump_engine.pwrite, buf_offset=start),
-                        direct_file,
-                        buffer,
-                        size,
-                        start,
-                    )
+            await every_region(pump_engine.pwrite, buffer)
             buffer.view[:] = bytes(total)
-            async with anyio.create_task_group() as group:
-                for start, size in zip(starts, sizes, strict=True):
-                    group.start_soon(
-                        partial(pump_engine.pread, buf_offset=start),
-                        direct_file,
-                        buffer,
-                        size,
-                        start,
-                    )
+            await every_region(pump_engine.pread, buffer)
             for start, payload in zip(starts, payloads, strict=True):
                 assert digest(buffer.view[start : start + len(payload)]) == digest(payload)
                 assert bytes(buffer.view[start - 4096 : start]) == bytes(4096)
