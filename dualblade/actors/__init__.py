@@ -35,6 +35,8 @@ from dualblade.actors.copy_messages import TransferStats as TransferStats
 from dualblade.actors.copy_thread import CopyThreadActor as CopyThreadActor
 from dualblade.actors.gpu_dma import Copy as Copy
 from dualblade.actors.gpu_dma import GpuDmaActor as GpuDmaActor
+from dualblade.actors.row_staging import ROW_STAGING_BYTES as ROW_STAGING_BYTES
+from dualblade.actors.row_staging import stages_rows as stages_rows
 from dualblade.actors.spans import DirectSpan as DirectSpan
 from dualblade.actors.spans import MmapSpan as MmapSpan
 from dualblade.actors.spans import PageCacheSpan as PageCacheSpan

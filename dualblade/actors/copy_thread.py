@@ -22,7 +22,7 @@ import anyio
 import torch
 from anyio.abc import TaskGroup, TaskStatus
 
-from dualblade.actors import transfer_pieces
+from dualblade.actors import row_staging, transfer_pieces
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.buffer_views import BufferViews
@@ -48,9 +48,6 @@ from dualblade.telemetry import NULL_TRACER, Tracer
 #: Transfers a copy thread runs at once: on the host most never touch its buffer (loads land in
 #: the caller's memory), so four; with CUDA two, each in an image of the buffer (docs/bench.md).
 HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
-#: Stores this small (an appended row; a layer of a few rows too) take no storage slot: holding
-#: one, an append waited in the engine behind a direct read that the next read waited for.
-SLOTLESS_STORE_BYTES = 1 << 20
 
 
 class CopyThreadActor(Actor[CopyMessage]):
@@ -65,6 +62,8 @@ class CopyThreadActor(Actor[CopyMessage]):
         images: KPU images the buffer holds. With two, the thread reads the next KPU into one
             while the GPU copies the last one out of the other; with one, a KPU's read waits
             for the previous KPU's DMA to leave the buffer.
+        rows_aside: the buffer ends in ``ROW_STAGING_BYTES`` of room for appended rows, after
+            its images: small stores run there beside the transfers (:mod:`.row_staging`).
     """
 
     def __init__(
@@ -75,6 +74,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         gate: OverlapGate,
         *,
         images: int = 1,
+        rows_aside: bool = False,
         tracer: Tracer = NULL_TRACER,
     ) -> None:
         if images not in (1, 2):  # before the actor's mailbox exists
@@ -91,7 +91,10 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.bytes_stored = 0
         self._ranges = RangeLocks()
         self.images = images
-        self.image_bytes = buffer.size // images
+        staging = row_staging.ROW_STAGING_BYTES if rows_aside else 0
+        self.image_bytes = (buffer.size - staging) // images
+        #: the room for rows, where small stores run without a lease (None: none)
+        self.rows = row_staging.RowStaging(images * self.image_bytes) if rows_aside else None
         self.piece_bytes = transfer_pieces.piece_bytes_for(
             cuda=dma.cuda, images=images, image_bytes=self.image_bytes
         )
@@ -127,8 +130,11 @@ class CopyThreadActor(Actor[CopyMessage]):
     async def handle(self, message: CopyMessage) -> None:
         """Start the transfer and return: the next message may begin while this one ends."""
         self._check(message.span, message.view)
-        await self._slots.acquire()
         assert self._task_group is not None
+        if self.rows is not None and row_staging.stages_rows(message):
+            self._task_group.start_soon(self.rows.run, message, self._answered)
+            return
+        await self._slots.acquire()
         # with two images each transfer in flight has one of its own
         image = self._free_images.pop() if self.images > 1 else 0
         try:
@@ -146,7 +152,14 @@ class CopyThreadActor(Actor[CopyMessage]):
 
     async def _transfer(self, message: CopyMessage, image: int) -> None:
         try:
-            await self._run_transfer(message, image * self.image_bytes)
+            await self._answered(message, image * self.image_bytes)
+        finally:
+            self._release(image)
+
+    async def _answered(self, message: CopyMessage, image_base: int) -> None:
+        """Run the transfer; a failure is told to whoever asked for it."""
+        try:
+            await self._run_transfer(message, image_base)
         except DualbladeError as error:  # a failed I/O belongs to the context that asked
             message.reply.fail(error)
         except BaseException as error:
@@ -154,8 +167,6 @@ class CopyThreadActor(Actor[CopyMessage]):
             # waiting for the transfer to settle before it releases the storage.
             message.reply.fail(ActorStoppedError(f"{self.name} stopped: {error!r}"))
             raise
-        finally:
-            self._release(image)
 
     async def _run_transfer(self, message: CopyMessage, image_base: int) -> None:
         span = message.span
@@ -347,7 +358,7 @@ class CopyThreadActor(Actor[CopyMessage]):
 
     async def _store(self, message: Store) -> float:
         """Device -> pinned -> storage, piece by piece: a piece's write overlaps later DMAs."""
-        small = message.span.nbytes <= SLOTLESS_STORE_BYTES
+        small = message.span.nbytes <= row_staging.SLOTLESS_STORE_BYTES
         slot = contextlib.nullcontext() if small else self.gate.limiter_for(message.span.path)
         with plain_errors():
             async with slot, anyio.create_task_group() as tg:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from dualblade.actors import CopyThreadActor, Load, Reply, Store, TransferStats
+from dualblade.actors import CopyThreadActor, Load, Reply, Store, TransferStats, stages_rows
 
 
 @dataclass(eq=False)
@@ -49,6 +49,7 @@ class CopyThreadPool:
         self._urgent: deque[_Waiter] = deque()
         self._others: deque[_Waiter] = deque()
         self._bypassed = 0  # urgent leases given while another transfer waited
+        self._next_aside = 0  # the thread the next row run aside goes to
         #: leases given to urgent and to other transfers (for tests and stats)
         self.urgent_leases = 0
         self.other_leases = 0
@@ -123,7 +124,12 @@ class CopyThreadPool:
         to settle before it leaves (see ``KVContext._both``). The first error is raised.
         ``urgent`` ones (a decode step's) get threads before the others.
         """
-        leases = await self.acquire(len(messages), urgent=urgent)
+        aside = all(self._aside(message) for message in messages)
+        leases = (
+            self._turns(len(messages))
+            if aside
+            else await self.acquire(len(messages), urgent=urgent)
+        )
         accepted: list[Reply[TransferStats]] = []
         try:
             for message, index in zip(messages, leases, strict=True):
@@ -136,5 +142,15 @@ class CopyThreadPool:
                     await reply.settled()
             raise
         finally:
-            for index in leases:
+            for index in [] if aside else leases:
                 self.release(index)
+
+    def _aside(self, message: Load | Store) -> bool:
+        """Whether ``message`` runs in a copy thread's room for rows, beside its transfers."""
+        return self.threads[0].rows is not None and stages_rows(message)
+
+    def _turns(self, count: int) -> list[int]:
+        """Threads for ``count`` rows run aside: each thread in turn, no lease taken."""
+        first = self._next_aside
+        self._next_aside = (first + count) % len(self.threads)
+        return [(first + i) % len(self.threads) for i in range(count)]

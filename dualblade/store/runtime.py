@@ -19,6 +19,7 @@ import anyio
 import torch
 
 from dualblade.actors import (
+    ROW_STAGING_BYTES,
     Actor,
     BinderActor,
     Budget,
@@ -231,7 +232,10 @@ async def start_runtime(
         )
         images = pin_images_for(device.type)
         pin = pin_bytes(config)
-        buffers = [AlignedBuffer(images * pin) for _ in range(config.copy_threads)]
+        # With two images (CUDA) the buffer ends in room for appended rows (actors/row_staging.py)
+        rows_aside = images > 1
+        size = images * pin + (ROW_STAGING_BYTES if rows_aside else 0)
+        buffers = [AlignedBuffer(size) for _ in range(config.copy_threads)]
         if engine.kind == "io_uring" and not direct.passthrough:
             engine.register_buffers(buffers)
         if device.type == "cuda":
@@ -264,7 +268,9 @@ async def start_runtime(
         gate = OverlapGate(config.copy_threads)
         probe = StrategyProbeActor(gate, config.strategy, tracer=tracer)
         threads = [
-            CopyThreadActor(i, buffer, dma, gate, images=images, tracer=tracer)
+            CopyThreadActor(
+                i, buffer, dma, gate, images=images, rows_aside=rows_aside, tracer=tracer
+            )
             for i, buffer in enumerate(buffers)
         ]
         actors: list[Actor[Any]] = [budgeter, binder, dma, probe, *threads]

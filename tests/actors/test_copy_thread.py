@@ -6,6 +6,7 @@ import contextlib
 import errno
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import anyio
 import pytest
@@ -20,7 +21,7 @@ from dualblade.actors import (
     RowView,
     Store,
     TransferStats,
-    copy_thread,
+    row_staging,
     transfer_pieces,
 )
 from dualblade.actors.spans import DirectSpan, PathCounters
@@ -68,12 +69,14 @@ class Rig:
 
 
 @contextlib.asynccontextmanager
-async def make_rig(tmp_path, images: int = 1) -> AsyncIterator[Rig]:
+async def make_rig(tmp_path, images: int = 1, rows_aside: bool = False) -> AsyncIterator[Rig]:
     preads: list[tuple[int, int]] = []
     with (
         IOEngine(queue_depth=8, max_chunk=64 << 10) as engine,
         DirectFile(tmp_path / "direct.kv", ROWS * STRIDE) as target,
-        AlignedBuffer(images * ROWS * STRIDE) as buffer,
+        AlignedBuffer(
+            images * ROWS * STRIDE + (row_staging.ROW_STAGING_BYTES if rows_aside else 0)
+        ) as buffer,
     ):
         real_pread = engine.pread
 
@@ -83,7 +86,9 @@ async def make_rig(tmp_path, images: int = 1) -> AsyncIterator[Rig]:
 
         engine.pread = spy_pread  # type: ignore[method-assign]
         dma = GpuDmaActor(torch.device("cpu"))
-        thread = CopyThreadActor(0, buffer, dma, OverlapGate(1), images=images)
+        thread = CopyThreadActor(
+            0, buffer, dma, OverlapGate(1), images=images, rows_aside=rows_aside
+        )
         async with anyio.create_task_group() as tg:
             await tg.start(dma.run)
             await tg.start(thread.run)
@@ -263,6 +268,57 @@ async def test_a_load_in_its_own_image_waits_for_its_storage_slot_in_the_engine(
         assert slots.waiting == 0
 
 
+async def test_an_appended_row_runs_in_the_room_for_rows_while_both_images_are_taken(tmp_path):
+    """With room for rows a one-row store waits for neither an image nor a transfer slot: both
+    are held by loads waiting for the storage slot, and the row still lands, written from the
+    room after the images at its row's offset within a page (the alignment it had in place)."""
+    async with make_rig(tmp_path, images=2, rows_aside=True) as two:
+        source = data(ROWS, 9)
+        await two.move("store", 0, source)
+        slots = two.thread.gate.limiter_for("direct")
+        await slots.acquire()  # the only slot: both loads below wait for it in the engine
+        async with anyio.create_task_group() as tg:
+            for _ in range(2):
+                tg.start_soon(two.move, "load", 0, torch.empty_like(source))
+            await anyio.wait_all_tasks_blocked()
+            assert two.thread._free_images == []  # both images held
+            row = data(1, 10)
+            with anyio.fail_after(5):
+                stats = await two.move("store", 5, row)
+            placed = stats.io_buffer_address - two.buffer.address
+            assert placed >= 2 * two.thread.image_bytes  # in the room, not an image
+            assert placed % 4096 == (5 * STRIDE) % 4096
+            assert stats.io_buffer_address == stats.dma_host_address
+            slots.release()
+        expected = source.clone()
+        expected[5] = row[0]
+        again = torch.empty_like(source)
+        await two.move("load", 0, again)
+        assert torch.equal(again, expected)
+        assert sorted(two.thread._free_images) == [0, 1]
+
+
+async def test_rows_beyond_the_rooms_regions_wait_for_one() -> None:
+    staging = row_staging.RowStaging(8192, regions=1)
+    row = Store(
+        torch.empty(0),
+        RowView(3 * STRIDE + 512, 1, 512, 512, torch.uint8, (512,)),
+        SimpleNamespace(nbytes=512, buffer_offset=3 * STRIDE + 512, label="row"),  # type: ignore[arg-type]
+        Reply(),
+    )
+    async with staging.shift_for(row) as shift:
+        assert 3 * STRIDE + 512 + shift == 8192 + 512  # the region, at the row's page offset
+        with anyio.move_on_after(0.05) as waited:
+            async with staging.shift_for(row):
+                pass
+        assert waited.cancelled_caught  # the one region is held
+    with anyio.fail_after(1):
+        async with staging.shift_for(row) as again:
+            assert again == shift
+    with pytest.raises(ValueError, match="page boundary"):
+        row_staging.RowStaging(100)
+
+
 def test_a_buffer_holds_one_or_two_images():
     dma = GpuDmaActor(torch.device("cpu"))
     with AlignedBuffer(ROWS * STRIDE) as buffer, pytest.raises(ValueError, match="1 or 2"):
@@ -288,7 +344,7 @@ async def test_an_appended_row_takes_no_storage_slot(rig, monkeypatch):
     # Every slot of the direct path is taken (a long read, say): a one-row store (an append)
     # still lands, a larger store waits for a slot. Holding one, an append's write sat in the
     # engine behind the read before it while the next read waited for the slot.
-    monkeypatch.setattr(copy_thread, "SLOTLESS_STORE_BYTES", STRIDE)
+    monkeypatch.setattr(row_staging, "SLOTLESS_STORE_BYTES", STRIDE)
     slots = rig.thread.gate.limiter_for("direct")
     await slots.acquire()
     try:

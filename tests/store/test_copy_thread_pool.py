@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
 import pytest
+import torch
 
+from dualblade.actors import Reply, Store, TransferStats
 from dualblade.store.copy_thread_pool import CopyThreadPool
 
 pytestmark = pytest.mark.anyio
@@ -185,3 +188,37 @@ async def test_a_thread_takes_as_many_transfers_as_it_runs_at_once() -> None:
         assert await pool.acquire(1) == [1]
     with pytest.raises(ValueError, match="at least one"):
         CopyThreadPool([object()], per_thread=0)  # type: ignore[list-item]
+
+
+class _RowThread:
+    """A copy thread with room for rows that answers at once (what the pool sees of one)."""
+
+    rows = object()
+
+    def __init__(self) -> None:
+        self.got: list[Store] = []
+
+    async def send(self, message: Store) -> None:
+        self.got.append(message)
+        message.reply.set(TransferStats(message.span.nbytes, 0.0, 0.0, "direct", 0, 0))
+
+
+def _store(nbytes: int) -> Store:
+    span = SimpleNamespace(nbytes=nbytes, label="row")
+    return Store(torch.empty(0), None, span, Reply())  # type: ignore[arg-type]
+
+
+async def test_rows_run_aside_without_a_lease_and_larger_stores_wait_for_one() -> None:
+    threads = [_RowThread(), _RowThread()]
+    pool = CopyThreadPool(threads, per_thread=1)  # type: ignore[arg-type]
+    held = [index for _ in range(2) for index in await pool.acquire(1)]  # every lease taken
+    with anyio.fail_after(1):
+        for _ in range(3):  # a K and V row each time, on both threads in turn
+            await pool.transfer_all([_store(4096), _store(4096)], urgent=True)
+    assert [len(thread.got) for thread in threads] == [3, 3]
+    assert pool.urgent_leases == 0
+    with anyio.move_on_after(0.05) as waited:
+        await pool.transfer_all([_store(2 << 20)], urgent=True)  # a layer: no row
+    assert waited.cancelled_caught
+    for index in held:
+        pool.release(index)
