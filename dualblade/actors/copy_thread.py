@@ -131,7 +131,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         """Start the transfer and return: the next message may begin while this one ends."""
         self._check(message.span, message.view)
         assert self._task_group is not None
-        if self.rows is not None and row_staging.stages_rows(message):
+        if self.rows is not None and self.takes_aside(message):  # rows: for mypy
             self._task_group.start_soon(self.rows.run, message, self._answered)
             return
         await self._slots.acquire()
@@ -149,6 +149,10 @@ class CopyThreadActor(Actor[CopyMessage]):
         if self.images > 1:
             self._free_images.append(image)
         self._slots.release()
+
+    def takes_aside(self, message: CopyMessage) -> bool:
+        """Whether ``message`` runs in the room for rows, with no lease (the pool asks too)."""
+        return self.rows is not None and row_staging.stages_rows(message)
 
     async def _transfer(self, message: CopyMessage, image: int) -> None:
         try:

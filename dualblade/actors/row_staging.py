@@ -29,7 +29,7 @@ SLOTLESS_STORE_BYTES = 1 << 20
 #: A region's alignment: a row keeps its offset within one.
 _PAGE = 4096
 #: Rows a copy thread stages at once; more wait for a region (a step's appends are spread over
-#: the copy threads, two or three in flight on all of them together in the H100's trace).
+#: the copy threads, about two in flight on all of them together in the H100's trace).
 ROW_REGIONS = 2
 ROW_REGION_BYTES = SLOTLESS_STORE_BYTES + _PAGE
 #: Bytes a copy thread's buffer keeps for rows after its images (CUDA only: on the host a store

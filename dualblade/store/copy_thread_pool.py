@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
-from dualblade.actors import CopyThreadActor, Load, Reply, Store, TransferStats, stages_rows
+from dualblade.actors import CopyThreadActor, Load, Reply, Store, TransferStats
 
 
 @dataclass(eq=False)
@@ -33,6 +33,9 @@ class CopyThreadPool:
     for ever: once urgent transfers have gone past a waiting other one as many times as there are
     threads, the other goes next. So a prefill holds a decode step up by at most one transfer
     per thread, and a stream of decode steps cannot starve a new request's prefill.
+
+    An appended row takes no lease where the threads have room for rows (CUDA): it runs
+    beside their transfers (:mod:`dualblade.actors.row_staging`), each thread in turn.
 
     Waiters queue in arrival order, one queue per kind, and a release wakes only the waiters it
     makes room for. (Waking every waiter on every release, as this pool once did, cost a
@@ -147,7 +150,7 @@ class CopyThreadPool:
 
     def _aside(self, message: Load | Store) -> bool:
         """Whether ``message`` runs in a copy thread's room for rows, beside its transfers."""
-        return self.threads[0].rows is not None and stages_rows(message)
+        return self.threads[0].takes_aside(message)
 
     def _turns(self, count: int) -> list[int]:
         """Threads for ``count`` rows run aside: each thread in turn, no lease taken."""

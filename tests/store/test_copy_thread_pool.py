@@ -9,7 +9,7 @@ import anyio
 import pytest
 import torch
 
-from dualblade.actors import Reply, Store, TransferStats
+from dualblade.actors import Reply, Store, TransferStats, stages_rows
 from dualblade.store.copy_thread_pool import CopyThreadPool
 
 pytestmark = pytest.mark.anyio
@@ -194,6 +194,9 @@ class _RowThread:
     """A copy thread with room for rows that answers at once (what the pool sees of one)."""
 
     rows = object()
+
+    def takes_aside(self, message: Store) -> bool:
+        return stages_rows(message)
 
     def __init__(self) -> None:
         self.got: list[Store] = []
