@@ -136,8 +136,11 @@ def _step_record(before: Any, after: Any, at: float, seconds: float) -> dict[str
 
 async def _step(ctx: Any, data: Any, step: int, buffers: list[Any], device: Any) -> None:
     """One decode step in layer order, one read in flight per buffer pair, every read
-    checked on a sample of rows, one row appended per layer."""
-    from dualblade.bench.decode_walk import walk_layers
+    checked on a sample of rows, one row appended per layer.
+
+    Each step is walked on its own (nothing read for the next step in its tail): the report
+    prices each step's floor from that step's own reads, and a squeeze lands between steps."""
+    from dualblade.models import LayerWalk
 
     async def use(layer: int, k: Any, v: Any) -> tuple[Any, Any]:
         _check(data, "K", layer, k, step)
@@ -147,7 +150,7 @@ async def _step(ctx: Any, data: Any, step: int, buffers: list[Any], device: Any)
             data.appended_row("V", layer, step).to(device),
         )
 
-    await walk_layers(ctx, buffers, use)
+    await LayerWalk(ctx, buffers, carry=0).step(use, more=False)
 
 
 def _check(data: Any, kind: str, layer: int, read: Any, step: int) -> None:

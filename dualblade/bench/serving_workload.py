@@ -29,10 +29,10 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.bench.decode_walk import walk_layers
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.bench.serving_requests import RequestSpec
 from dualblade.errors import plain_errors
+from dualblade.models import LayerWalk
 from dualblade.store import KVContext, KVStore, ReadBuffers, torch_dtype
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -284,7 +284,12 @@ async def _prefill(
 async def _decode_step(
     ctx: KVContext, data: ServingKV, spec: RequestSpec, step: int, buffers: list[ReadBuffers]
 ) -> int:
-    """One step in layer order, one read in flight per buffer pair; returns bytes checked."""
+    """One step in layer order, one read in flight per buffer pair; returns bytes checked.
+
+    Each step is walked on its own (nothing read for the request's next step in its tail), as
+    the serving preset's figures were measured (docs/serving-bench.md): with many requests in
+    flight on one store's copy threads, a request's reads for a step it has not begun would
+    queue beside other requests' reads for the steps they are in. Not measured with the carry."""
     checked = 0
     device = ctx.store.device
 
@@ -298,5 +303,5 @@ async def _decode_step(
             data.appended_row("V", spec, layer, step).to(device),
         )
 
-    await walk_layers(ctx, buffers, use)
+    await LayerWalk(ctx, buffers, carry=0).step(use, more=False)
     return checked

@@ -10,8 +10,10 @@ appended row) inside the timed loop, cheaply; ``verify="full"`` recomputes and c
 
 The access order is FlexLLMGen's: prefill produces layer after layer (a worker thread makes the
 tensors, standing in for compute) with the previous layers' writes in flight; each decode step
-walks the layers in order, reading layer ``l``'s K and V while up to ``copy_threads - 1``
-following layers are already being fetched, then appends the step's row.
+walks the layers in order, reading layer ``l``'s K and V while up to ``copy_threads``
+following layers are already being fetched, then appends the step's row; a step's tail reads
+the next step's first layers, and the prefill's end the first step's, as the OPT engine does
+(:class:`dualblade.models.LayerWalk`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from typing import Literal
 import anyio
 import torch
 
-from dualblade.bench.decode_walk import walk_layers
 from dualblade.bench.kv_workload import VerificationError
 from dualblade.errors import plain_errors
+from dualblade.models import LayerWalk
 from dualblade.pipeline import PipelineConfig, decode_read_buffers
 from dualblade.store import KVContext, KVStore, ReadBuffers, torch_dtype
 
@@ -210,7 +212,14 @@ async def run_sweep_workload(
     async with store.context() as ctx:
         on_phase("prefill_start")
         clock.prefill_start = time.perf_counter()
-        produce_s = await _prefill(ctx, data, layers, device, config.copy_threads, progress)
+        if buffers is None:
+            buffers = read_buffers(config, device)
+        for made_first in buffers:
+            store.fix_read_buffers(made_first)  # as the engine's own buffers are
+        walk = LayerWalk(ctx, buffers)
+        produce_s = await _prefill(
+            ctx, data, layers, device, config.copy_threads, progress, walk if decode_steps else None
+        )
         clock.prefill_end = time.perf_counter()
         prefill_s = clock.prefill_end - clock.prefill_start
         on_phase("prefill_end")
@@ -227,16 +236,13 @@ async def run_sweep_workload(
             ]
             for s in range(decode_steps)
         ]
-        if buffers is None:
-            buffers = read_buffers(config, device)
-        for made_first in buffers:
-            store.fix_read_buffers(made_first)  # as the engine's own buffers are
         on_phase("decode_start")
         clock.decode_start = time.perf_counter()
         for step in range(decode_steps):
             start = time.perf_counter()
             async with store.iteration() as strategy:
-                verified += await _decode_step(ctx, data, rows[step], buffers, verify)
+                more = step + 1 < decode_steps
+                verified += await _decode_step(data, rows[step], walk, verify, more=more)
             step_s.append(time.perf_counter() - start)
             clock.step_ends.append(time.perf_counter())
             strategies.append(strategy)
@@ -258,6 +264,7 @@ async def _prefill(
     device: torch.device | str,
     behind: int,
     progress: ProgressFn,
+    walk: LayerWalk | None = None,
 ) -> float:
     """Write every layer's prompt K and V, producing layer ``l + 1`` while layer ``l`` is
     written.
@@ -269,6 +276,8 @@ async def _prefill(
     what a prefill costs an application: the compute, the writes it could not hide, and what the
     writes take from the compute (a baseline's page faults into its shared mapping use the same
     CPUs, and its dirty pages fill the cgroup so that fresh allocations wait for reclaim).
+    ``walk``: the decode that follows; its first step's first layers are read back under the
+    last writes, as the engine's prefill reads them (:meth:`LayerWalk.read_first`).
     Returns the time spent producing.
     """
     produce_s = 0.0
@@ -282,6 +291,7 @@ async def _prefill(
 
     in_flight = anyio.Semaphore(max(1, behind))
     written = 0
+    landed = [anyio.Event() for _ in range(layers)]
 
     async def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         nonlocal written
@@ -289,8 +299,12 @@ async def _prefill(
             await ctx.write(layer, k, v)
         finally:
             in_flight.release()
+        landed[layer].set()
         written += 1
         progress("prefill", written, layers)
+
+    async def written_layer(layer: int) -> None:
+        await landed[layer].wait()
 
     with plain_errors():
         async with anyio.create_task_group() as tg:
@@ -299,21 +313,22 @@ async def _prefill(
                 await in_flight.acquire()
                 tg.start_soon(write, layer, k, v)
                 del k, v
+            if walk is not None:
+                walk.read_first(tg, layers, written_layer)
     return produce_s
 
 
 async def _decode_step(
-    ctx: KVContext,
     data: DerivedKV,
     new_rows: list[tuple[torch.Tensor, torch.Tensor]],
-    buffers: list[ReadBuffers],
+    walk: LayerWalk,
     verify: Verify,
+    *,
+    more: bool,
 ) -> int:
-    """One decode step in layer order with one read in flight per buffer pair.
-
-    Each layer is read into one of ``buffers`` in the context's read order
-    (:func:`.decode_walk.walk_layers`).
-    """
+    """One decode step in layer order, each layer read ahead of its check in the context's
+    read order and, with ``more``, the next step's first layers read in its tail, as the OPT
+    engine's decode reads (:class:`dualblade.models.LayerWalk`)."""
     checked = 0
 
     async def use(
@@ -324,5 +339,5 @@ async def _decode_step(
         checked += data.check("V", layer, v, verify)
         return new_rows[layer]
 
-    await walk_layers(ctx, buffers, use)
+    await walk.step(use, more=more)
     return checked

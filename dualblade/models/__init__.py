@@ -3,6 +3,8 @@
 - :mod:`.architecture`, :mod:`.weights`, :mod:`.checkpoint`: what an OPT model is, its random
   or loaded parameters;
 - :mod:`.kv`: the cache interface the engine runs against and the in-memory reference;
+- :mod:`.layer_walk`: a request's decode steps over its layers, reads ahead of the compute and
+  into the next step;
 - :mod:`.opt`: the layer-by-layer engine with prefetch of the next layer's KV;
 - :mod:`.factory`: from a preset, a policy and a workload to a model, a config and a provider;
 - :mod:`.hf_cache`: ``DualBladeCache`` for transformers (imported from there: it needs the
@@ -23,6 +25,8 @@ from dualblade.models.factory import store_config as store_config
 from dualblade.models.kv import KVCache as KVCache
 from dualblade.models.kv import KVProvider as KVProvider
 from dualblade.models.kv import MemoryKV as MemoryKV
+from dualblade.models.layer_walk import LayerWalk as LayerWalk
+from dualblade.models.layer_walk import UseLayer as UseLayer
 from dualblade.models.opt import Generation as Generation
 from dualblade.models.opt import OptModel as OptModel
 from dualblade.models.weights import OptWeights as OptWeights

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -33,6 +33,7 @@ from dualblade.errors import ConfigError, plain_errors
 from dualblade.models.architecture import POSITION_OFFSET, OptArchitecture
 from dualblade.models.attention import attention
 from dualblade.models.kv import KVCache, KVProvider
+from dualblade.models.layer_walk import LayerWalk
 from dualblade.models.weights import LayerWeights, OptWeights
 from dualblade.pipeline import decode_read_buffers
 from dualblade.store import torch_dtype
@@ -198,17 +199,29 @@ class OptModel:
             await waited
 
     # -- the layer loops ---------------------------------------------------------------------
-    async def _prefill(self, cache: KVCache, ids: torch.Tensor) -> torch.Tensor:
-        """Run the prompt ``[seq, batch]`` through every layer, writing each layer's K and V."""
+    async def _prefill(
+        self, cache: KVCache, ids: torch.Tensor, walk: LayerWalk | None = None
+    ) -> torch.Tensor:
+        """Run the prompt ``[seq, batch]`` through every layer, writing each layer's K and V.
+
+        ``walk``: the decode that follows, whose first step's first layers are read back once
+        their writes land, under the last layers' writes and the logits
+        (:meth:`LayerWalk.read_first`)."""
         x = await self._compute("embed", self._embed, ids, 0)
+        layers = self.arch.num_layers
         # At most two layers' K and V wait for their write: bounds the memory of write-behind.
         behind = anyio.Semaphore(2)
+        written = [anyio.Event() for _ in range(layers)]
 
         async def write(layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
             try:
                 await cache.write(layer, k, v)
             finally:
                 behind.release()
+            written[layer].set()
+
+        async def landed(layer: int) -> None:
+            await written[layer].wait()
 
         with plain_errors():
             async with anyio.create_task_group() as tg:
@@ -218,48 +231,43 @@ class OptModel:
                     self._warmed.add(shape)
                     warm = functools.partial(self._compute, track=f"{ENGINE_TRACK} warm-up")
                     tg.start_soon(warm, "decode kernels", self._warm_decode, *shape)
-                for layer in range(self.arch.num_layers):
+                for layer in range(layers):
                     x, k, v = await self._compute(f"L{layer}", self._layer, layer, x, None)
                     await self._wait("writes behind", behind.acquire())
                     tg.start_soon(write, layer, k, v)
-        return await self._compute("logits", self._logits, x)
+                if walk is not None:
+                    walk.read_first(tg, layers, landed)
+                logits = await self._compute("logits", self._logits, x)
+        return logits
 
     async def _decode(
-        self, cache: KVCache, tokens: torch.Tensor, position: int, buffers: Sequence[Any]
+        self, walk: LayerWalk, tokens: torch.Tensor, position: int, *, more: bool
     ) -> torch.Tensor:
         """One decode step for ``tokens`` ``[batch]`` at ``position``; returns the logits.
 
         The reads of up to ``len(buffers) - 1`` layers after the one computing are in flight
         meanwhile (the provider's ``read_parallelism``): one layer ahead kept a 4-thread store's
         page-cache path to the GPU at a fraction of what it moves with every thread busy. Each
-        read lands in one of the request's reused read ``buffers``, read into again only once
+        read lands in one of the request's reused read buffers, read into again only once
         the layer that used it has been computed, in the cache's read order: its direct layers
         as early as a buffer allows, so the disk is not idle while page-cache layers are read
         (:class:`dualblade.pipeline.ReadAhead`). On the host, direct reads land in the buffers
-        straight from storage.
+        straight from storage. ``more``: a step follows, whose first layers this one reads in
+        its tail (:class:`LayerWalk`).
         """
         x = await self._compute("embed", self._embed, tokens[None, :], position)
-        reads: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        ready = [anyio.Event() for _ in range(self.arch.num_layers)]
-        order = cache.read_order(len(buffers))
 
-        async def read(layer: int, buffer: int) -> None:
-            out = buffers[buffer]
-            reads[layer] = await (cache.read(layer) if out is None else cache.read(layer, out=out))
-            ready[layer].set()
+        async def use(
+            layer: int, k: torch.Tensor, v: torch.Tensor
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            nonlocal x
+            x, k_row, v_row = await self._compute(f"L{layer}", self._layer, layer, x, (k, v))
+            return k_row, v_row
 
-        with plain_errors():
-            async with anyio.create_task_group() as tg:
-                for layer, buffer in order.start():
-                    tg.start_soon(read, layer, buffer)
-                for layer in range(self.arch.num_layers):
-                    await self._wait(f"read L{layer}", ready[layer].wait())
-                    past = reads.pop(layer)
-                    x, k_row, v_row = await self._compute(f"L{layer}", self._layer, layer, x, past)
-                    del past
-                    if (following := order.used(layer)) is not None:
-                        tg.start_soon(read, *following)  # its buffer is free now
-                    tg.start_soon(cache.append, layer, k_row, v_row)
+        async def waiting(layer: int, until: Awaitable[Any]) -> None:
+            await self._wait(f"read L{layer}", until)
+
+        await walk.step(use, more=more, waiting=waiting)
         return await self._compute("logits", self._logits, x)
 
     # -- generation ----------------------------------------------------------------------------
@@ -309,18 +317,20 @@ class OptModel:
         prompt_len = ids.shape[0]
         shape = {"batch": ids.shape[1], "max_len": prompt_len + gen_len} if fit else {}
         async with kv.context(**shape) as cache:
+            # Made once per request, reused by every step (aligned memory is made and touched
+            # page by page: not per step), before the prefill: it reads the first step's first
+            # layers into them. Released with the last reference to them.
+            count = decode_read_buffers(kv.read_parallelism)
+            walk = LayerWalk(cache, [cache.read_buffers() for _ in range(count)])
             with self.tracer.span(ENGINE_TRACK, "prefill", rows=prompt_len):
-                logits = await self._prefill(cache, ids)
+                logits = await self._prefill(cache, ids, walk if gen_len > 1 else None)
                 token = logits.argmax(dim=-1).cpu()
             yield token
-            # Made once per request, reused by every step (aligned memory is made and touched
-            # page by page: not per step). Released with the last reference to them.
-            count = decode_read_buffers(kv.read_parallelism)
-            buffers = [cache.read_buffers() for _ in range(count)]
             for step in range(1, gen_len):
                 with self.tracer.span(ENGINE_TRACK, f"decode step {step}"):
                     async with kv.iteration():
-                        logits = await self._decode(cache, token, prompt_len + step - 1, buffers)
+                        position = prompt_len + step - 1
+                        logits = await self._decode(walk, token, position, more=step + 1 < gen_len)
                     token = logits.argmax(dim=-1).cpu()
                 yield token
 

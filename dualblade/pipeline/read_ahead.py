@@ -15,6 +15,10 @@ soon as the last one is in, and the page-cache layers in between take turns in t
 buffers. At most ``buffers - 1`` reads are ahead of the order, so one buffer is always left
 for the layer the caller needs next: the walk never waits on a buffer that a later layer holds.
 
+A step may begin with layers already read: the previous step read them in its tail, into
+buffers its last layers had left (:meth:`ReadAhead.adopt`, and ``dualblade.models.LayerWalk``,
+which walks the steps). The order then starts from the first layer not yet read.
+
 Pure: no I/O, no clock. A context gives its own (``KVContext.read_order``); the OPT engine's
 decode and the bench's decode walk follow it.
 """
@@ -70,6 +74,7 @@ class ReadAhead:
         self._done: set[int] = set()  # issued, in any state
         self._next_use = 0
         self._next_in_order = 0  # smallest layer not yet issued
+        self._started = False
 
     @classmethod
     def for_media(cls, media: Sequence[Medium], buffers: int) -> ReadAhead:
@@ -78,14 +83,49 @@ class ReadAhead:
         slow = [layer for layer, medium in enumerate(media) if medium is Medium.DIRECT]
         return cls(len(media), buffers, slow)
 
+    def adopt(self, layer: int, buffer: int) -> None:
+        """``layer`` is already read into ``buffer`` (by the step before, in its tail): the
+        order counts it as issued and :meth:`start` leaves that buffer alone.
+
+        Raises:
+            ValueError: after :meth:`start`, a layer or buffer out of range, or one adopted
+                twice.
+        """
+        if self._started:
+            raise ValueError("layers are adopted before the order starts")
+        if not (0 <= layer < self.num_layers and 0 <= buffer < self.buffers):
+            raise ValueError(
+                f"layer {layer} into buffer {buffer} falls outside "
+                f"{self.num_layers} layers and {self.buffers} buffers"
+            )
+        if layer in self._done or buffer in self._issued.values():
+            raise ValueError(f"layer {layer} or buffer {buffer} is adopted twice")
+        self._issue(layer, buffer)
+
     def start(self) -> list[tuple[int, int]]:
-        """The first reads: ``(layer, buffer)`` for every buffer that gets a layer."""
+        """The first reads: ``(layer, buffer)`` for every buffer that gets a layer (every
+        buffer no adopted layer holds, while layers remain)."""
+        self._started = True
+        held = set(self._issued.values())
         starts = []
-        for buffer in range(min(self.buffers, self.num_layers)):
+        for buffer in range(self.buffers):
+            if buffer in held:
+                continue
             layer = self._choose()
-            assert layer is not None
+            if layer is None:
+                break
             starts.append(self._issue(layer, buffer))
         return starts
+
+    def buffer_of(self, layer: int) -> int:
+        """The buffer ``layer`` is read into (issued and not yet used).
+
+        Raises:
+            ValueError: ``layer`` is not held by a buffer.
+        """
+        if layer not in self._issued:
+            raise ValueError(f"layer {layer} holds no buffer")
+        return self._issued[layer]
 
     def used(self, layer: int) -> tuple[int, int] | None:
         """``layer`` was used (the caller is done with its buffer); returns the next read,

@@ -169,39 +169,65 @@ class _RecordingKV(MemoryKV):
             yield
 
 
-async def test_prefill_writes_then_each_step_prefetches_the_next_layer(opt_tiny: OptModel) -> None:
+def _phases(log: list[str]) -> list[list[str]]:
+    """The log cut at each decode step: the prefill's events, then each step's."""
+    starts = [i for i, event in enumerate(log) if event == "step"]
+    return [
+        log[a + 1 if a else 0 : b] for a, b in zip([0, *starts], [*starts, len(log)], strict=True)
+    ]
+
+
+def _reads(events: list[str]) -> list[int]:
+    return [int(event.split()[1]) for event in events if event.startswith("read")]
+
+
+async def test_prefill_writes_then_each_step_reads_ahead_and_into_the_next(
+    opt_tiny: OptModel,
+) -> None:
+    # One read in flight (two buffers): the prefill reads layer 0 back once it is written; each
+    # step reads the next layer before computing one, and every step but the last reads the
+    # next step's layer 0 in its tail, after this step's append of it (it must hold the row).
     kv = _RecordingKV()
     await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
-    log = kv.log
-    assert sorted(log[:4]) == [f"write {i}" for i in range(4)]
-    steps = [i for i, event in enumerate(log) if event == "step"]
+    prefill, *steps = _phases(kv.log)
+    assert sorted(e for e in prefill if e.startswith("write")) == [f"write {i}" for i in range(4)]
+    assert _reads(prefill) == [0]
+    assert prefill.index("read 0") > prefill.index("write 0")
     assert len(steps) == 2  # 3 tokens: one from prefill, two decode steps
-    for start, stop in zip(steps, [*steps[1:], len(log)], strict=True):
-        step = log[start + 1 : stop]
-        assert sorted(e for e in step if e.startswith("read")) == [f"read {i}" for i in range(4)]
+    for number, step in enumerate(steps):
+        last = number == len(steps) - 1
+        assert _reads(step) == [1, 2, 3] + ([] if last else [0])
         assert sorted(e for e in step if e.startswith("append")) == [
             f"append {i}" for i in range(4)
         ]
         for layer in range(3):
             # layer + 1's read is issued before layer's compute ends (its append follows it)
             assert step.index(f"read {layer + 1}") < step.index(f"append {layer}")
+        if not last:
+            assert step.index("read 0") > step.index("append 0")
     assert kv.steps == 2
     assert kv.open_contexts == 0
 
 
 async def test_decode_keeps_the_providers_read_parallelism_in_flight(opt_tiny: OptModel) -> None:
-    # Three layers ahead: layers 1..3 are requested before layer 0's compute ends, and the
-    # tokens are those of one layer ahead.
+    # Three layers ahead (four buffers): the prefill reads layers 0..2 back, each step starts
+    # layer 3 at once and reads the next step's 0..2 as its own 0..2 are done, each after its
+    # append. The tokens are those of one layer ahead, and of the in-memory reference.
     kv = _RecordingKV(read_parallelism=3)
     result = await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
-    step = kv.log[kv.log.index("step") + 1 :]
-    for layer in (1, 2, 3):
-        assert step.index(f"read {layer}") < step.index("append 0")
-    assert sorted(e for e in step[: step.index("step")] if e.startswith("read")) == [
-        f"read {i}" for i in range(4)
-    ]
+    prefill, first, last = _phases(kv.log)
+    assert sorted(_reads(prefill)) == [0, 1, 2]
+    assert _reads(first)[0] == 3
+    assert sorted(_reads(first)) == [0, 1, 2, 3]
+    for layer in (0, 1, 2):
+        assert first.index(f"read {layer}") > first.index(f"append {layer}")
+    assert _reads(last) == [3]
     one_ahead = await opt_tiny.generate(prompts(4, 64, 1024), 3, _RecordingKV())
     assert torch.equal(result.tokens, one_ahead.tokens)
+    reference = await opt_tiny.generate(
+        prompts(4, 64, 1024), 3, memory_kv(opt_tiny, 4, 80, torch.float16)
+    )
+    assert torch.equal(result.tokens, reference.tokens)
 
 
 async def test_stream_yields_the_generated_tokens_step_by_step(opt_tiny: OptModel) -> None:
@@ -267,15 +293,13 @@ class _SlowLayerTwoKV(_RecordingKV):
 
 
 async def test_decode_reads_in_the_caches_read_order(opt_tiny: OptModel) -> None:
-    # Two buffers: layer 0 in one, the slow layer 2 jumps ahead into the other, and layers 1
-    # and 3 follow in order as buffers free. The tokens are those of plain layer order.
+    # Two buffers: layer 0 was read in the step before (or the prefill), so the slow layer 2
+    # jumps ahead into the other buffer at once, 1 and 3 follow in order as buffers free, and
+    # the tail reads the next step's layer 0. The tokens are those of plain layer order.
     kv = _SlowLayerTwoKV()
     result = await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
-    step = kv.log[kv.log.index("step") + 1 :]
-    step = step[: step.index("step")]
-    reads = [e for e in step if e.startswith("read")]
-    # The first two start together (trio runs new tasks in either order); 1 and 3 after them.
-    assert sorted(reads[:2]) == ["read 0", "read 2"]
-    assert reads[2:] == ["read 1", "read 3"]
+    _, first, last = _phases(kv.log)
+    assert _reads(first) == [2, 1, 3, 0]
+    assert _reads(last) == [2, 1, 3]
     plain = await opt_tiny.generate(prompts(4, 64, 1024), 3, _RecordingKV())
     assert torch.equal(result.tokens, plain.tokens)

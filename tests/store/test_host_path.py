@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dualblade.bench.decode_walk import walk_layers
+from dualblade.models import LayerWalk
 from dualblade.pipeline.slicing import RowRange
 from dualblade.store import KVContext, KVShapeError, open_store
 
@@ -90,7 +90,8 @@ async def test_dual_reads_direct_layers_first_with_four_transfers_per_host_threa
         written = {layer: random_kv(config, 40, seed=layer) for layer in range(4)}
         for layer, (k, v) in written.items():
             await ctx.write(layer, k, v)
-        buffers = [ctx.read_buffers() for _ in range(2)]
+        # the walk reads the next step's layer 0 in each step's tail: it must hold the new row
+        walk = LayerWalk(ctx, [ctx.read_buffers() for _ in range(2)])
         for step in range(3):
             got: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
             rows = {layer: random_kv(config, 1, seed=100 * step + layer) for layer in range(4)}
@@ -105,7 +106,8 @@ async def test_dual_reads_direct_layers_first_with_four_transfers_per_host_threa
                 got[layer] = (k.clone(), v.clone())
                 return rows[layer]
 
-            await walk_layers(ctx, buffers, use)
+            await walk.step(use, more=step < 2)
+            assert walk.carried_layers == ([0] if step < 2 else [])
             for layer, (k, v) in written.items():
                 assert torch.equal(got[layer][0], k)
                 assert torch.equal(got[layer][1], v)

@@ -1,0 +1,176 @@
+"""A request's decode steps over its layers: every step sees every row written before it, a
+buffer is never read into while a layer in it is unused, and the next step's first layers are
+read in a step's tail only after that step's append of them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dualblade.models import LayerWalk
+from dualblade.models.kv import MemoryKVContext
+from dualblade.pipeline import ReadAhead
+
+pytestmark = pytest.mark.anyio
+
+BATCH, WIDTH = 2, 8
+
+
+def _row(layer: int, row: int) -> torch.Tensor:
+    """The K row ``row`` of ``layer`` (V is its negation): every value names both."""
+    return torch.full((1, BATCH, WIDTH), float(layer * 1000 + row), dtype=torch.float16)
+
+
+class _BufferedCache(MemoryKVContext):
+    """An in-memory cache whose reads take a buffer token and hold it until the layer is used;
+    a read into a token still held, or of a layer while its append is in flight, fails."""
+
+    def __init__(self, layers: int, slow: list[int], max_len: int) -> None:
+        super().__init__(layers, BATCH, max_len, WIDTH, torch.float16, "cpu")
+        self.slow = slow
+        self.held: dict[int, int] = {}  # buffer -> layer read into it, until used
+        self.appending: set[int] = set()
+        self.log: list[str] = []
+
+    def read_order(self, buffers: int) -> ReadAhead:
+        return ReadAhead(len(self._k), buffers, self.slow)
+
+    async def read(self, layer: int, *, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        assert out not in self.held, f"buffer {out} read into while layer {self.held[out]} holds it"
+        assert layer not in self.appending, f"layer {layer} read while its append is in flight"
+        self.held[out] = layer
+        self.log.append(f"read {layer}")
+        await anyio.sleep(0.001 * (layer % 3))
+        return await super().read(layer)
+
+    async def append(self, layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> int:
+        self.appending.add(layer)
+        self.log.append(f"append {layer}")
+        await anyio.sleep(0.002 * ((layer + 1) % 2))
+        try:
+            return await super().append(layer, k_row, v_row)
+        finally:
+            self.appending.discard(layer)
+
+    def used(self, layer: int) -> None:
+        (buffer,) = [b for b, held in self.held.items() if held == layer]
+        del self.held[buffer]
+
+
+async def _prefill(cache: _BufferedCache, walk: LayerWalk, layers: int, prompt: int) -> None:
+    written = [anyio.Event() for _ in range(layers)]
+
+    async def write(layer: int) -> None:
+        k = torch.cat([_row(layer, r) for r in range(prompt)])
+        await cache.write(layer, k, -k)
+        written[layer].set()
+
+    async def landed(layer: int) -> None:
+        await written[layer].wait()
+
+    async with anyio.create_task_group() as tg:
+        for layer in range(layers):
+            tg.start_soon(write, layer)
+        walk.read_first(tg, layers, landed)
+
+
+async def _decode(
+    cache: _BufferedCache, walk: LayerWalk, layers: int, prompt: int, steps: int
+) -> None:
+    for step in range(steps):
+        rows = prompt + step  # written before this step
+
+        async def use(layer: int, k: torch.Tensor, v: torch.Tensor, rows: int = rows) -> Any:
+            want = torch.cat([_row(layer, r) for r in range(rows)])
+            assert torch.equal(k, want), f"layer {layer}'s K is stale"
+            assert torch.equal(v, -want), f"layer {layer}'s V is stale"
+            cache.used(layer)
+            await anyio.sleep(0)
+            return _row(layer, rows), -_row(layer, rows)
+
+        await walk.step(use, more=step + 1 < steps)
+        assert len(walk.carried_layers) == (min(walk.carry, layers) if step + 1 < steps else 0)
+
+
+@settings(
+    deadline=None, max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    layers=st.integers(1, 7),
+    buffers=st.integers(1, 5),
+    steps=st.integers(1, 4),
+    data=st.data(),
+)
+async def test_every_step_reads_every_row_written_before_it(
+    layers: int, buffers: int, steps: int, data: st.DataObject
+) -> None:
+    slow = sorted(data.draw(st.sets(st.integers(0, layers - 1))))
+    carry = data.draw(st.none() | st.integers(0, 6))
+    cache = _BufferedCache(layers, slow, 3 + steps)
+    walk = LayerWalk(cache, list(range(buffers)), carry=carry)
+    await _prefill(cache, walk, layers, 3)
+    await _decode(cache, walk, layers, 3, steps)
+    assert not cache.held
+
+
+async def test_a_steps_tail_reads_the_next_steps_first_layers_after_their_appends() -> None:
+    cache = _BufferedCache(6, [], 8)
+    walk = LayerWalk(cache, list(range(3)))  # carries two
+    await _prefill(cache, walk, 6, 2)
+    assert sorted(cache.log) == ["read 0", "read 1"]
+    cache.log.clear()
+    await _decode(cache, walk, 6, 2, 2)
+    first = cache.log[: cache.log.index("read 2", cache.log.index("append 5"))]
+    # the first step starts with one read (layer 2): 0 and 1 came from the prefill
+    assert first[0] == "read 2"
+    for layer in (0, 1):
+        assert first.index(f"read {layer}") > first.index(f"append {layer}")
+    assert [e for e in first if e.startswith("read")] == [f"read {i}" for i in (2, 3, 4, 5, 0, 1)]
+
+
+async def test_without_a_carry_each_step_reads_only_its_own_layers() -> None:
+    cache = _BufferedCache(4, [], 8)
+    walk = LayerWalk(cache, list(range(2)), carry=0)
+    await _prefill(cache, walk, 4, 2)
+    assert cache.log == []
+    await _decode(cache, walk, 4, 2, 2)
+    reads = [e for e in cache.log if e.startswith("read")]
+    assert sorted(reads) == sorted([f"read {i}" for i in range(4)] * 2)
+
+
+async def test_a_failed_step_carries_nothing_into_the_next() -> None:
+    cache = _BufferedCache(4, [], 8)
+    walk = LayerWalk(cache, list(range(2)))
+    await _prefill(cache, walk, 4, 2)
+
+    async def broken(layer: int, k: torch.Tensor, v: torch.Tensor) -> Any:
+        raise RuntimeError("compute failed")
+
+    with pytest.raises(RuntimeError, match="compute failed"):
+        await walk.step(broken, more=True)
+    assert walk.carried_layers == []
+
+
+async def test_misuse_is_refused() -> None:
+    with pytest.raises(ValueError, match="at least one read buffer"):
+        LayerWalk(_BufferedCache(2, [], 4), [])
+    cache = _BufferedCache(2, [], 4)
+    walk = LayerWalk(cache, [0, 1])
+    await _prefill(cache, walk, 2, 1)
+    async with anyio.create_task_group() as tg:
+        with pytest.raises(ValueError, match="read already"):
+            walk.read_first(tg, 2, lambda layer: anyio.sleep(0))
+    order = ReadAhead(3, 2)
+    order.adopt(0, 1)
+    with pytest.raises(ValueError, match="adopted twice"):
+        order.adopt(1, 1)
+    with pytest.raises(ValueError, match="outside"):
+        order.adopt(3, 0)
+    assert order.start() == [(1, 0)]
+    with pytest.raises(ValueError, match="before the order starts"):
+        order.adopt(2, 0)
