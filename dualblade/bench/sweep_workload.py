@@ -314,7 +314,7 @@ async def _prefill(
                 tg.start_soon(write, layer, k, v)
                 del k, v
             if walk is not None:
-                walk.read_first(tg, layers, written_layer)
+                walk.read_first(tg, written_layer)
     return produce_s
 
 

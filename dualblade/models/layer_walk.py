@@ -7,9 +7,10 @@ Near a step's end the order has nothing left to read: the buffers its last layer
 idle until the next step starts, and that step's first layer would only then be asked for. On
 the H100 at 11 GiB (OPT-6.7B, batch 32, everything in the page cache) a step lost 30-72 ms of
 its 320-358 ms there before layer 0 could compute: its read, after the logits, the token and
-the next embedding (docs/bench.md). So a step reads the next step's first layers into those
-buffers as they free, each once this step's append of that layer has landed (the next step's
-read must hold the new row), and the next step adopts them (:meth:`ReadAhead.adopt`).
+the next embedding (docs/bench.md). So a step reads the layers the next step's order reads first
+(layer 0, then its direct layers as early as buffers allow) into those buffers as they free,
+each once this step's append of that layer has landed (the next step's read must hold the new
+row), and the next step adopts them (:meth:`ReadAhead.adopt`).
 
 It carries one layer fewer than it has buffers: the next step then starts with a buffer free
 for its first read beyond them, and the disk is not idle while layer 0 computes. After the
@@ -68,6 +69,7 @@ class LayerWalk:
         self.carry = min(wanted, len(self.buffers))  # a carried layer holds a buffer
         self._carried: dict[int, tuple[int, KV]] = {}  # layer -> (buffer, its K and V)
         self._carrying: list[int] = []  # buffers whose carried read is in flight
+        self._plan: list[int] | None = None  # the layers to carry, once a step's tail begins
 
     @property
     def carried_layers(self) -> list[int]:
@@ -79,17 +81,21 @@ class LayerWalk:
         return await (self.cache.read(layer) if out is None else self.cache.read(layer, out=out))
 
     def _carry_into(
-        self,
-        tg: TaskGroup,
-        buffer: int,
-        num_layers: int,
-        landed: Callable[[int], Awaitable[Any]],
+        self, tg: TaskGroup, buffer: int, landed: Callable[[int], Awaitable[Any]]
     ) -> bool:
         """Read the next layer to carry into the free ``buffer``, once ``landed(layer)``;
-        False when nothing more is carried."""
-        layer = len(self._carried) + len(self._carrying)
-        if layer >= min(self.carry, num_layers):
+        False when nothing more is carried.
+
+        The layers carried are the first the next step's own read order would read: layer 0,
+        then its direct layers as early as its buffers allow (the disk's next layers, where a
+        step is the disk's to wait for), then layers in order."""
+        if self._plan is None:
+            starts = self.cache.read_order(len(self.buffers)).start()
+            self._plan = [layer for layer, _ in starts][: self.carry]
+        index = len(self._carried) + len(self._carrying)
+        if index >= len(self._plan):
             return False
+        layer = self._plan[index]
         self._carrying.append(buffer)
 
         async def read() -> None:
@@ -100,17 +106,15 @@ class LayerWalk:
         tg.start_soon(read)
         return True
 
-    def read_first(
-        self, tg: TaskGroup, num_layers: int, landed: Callable[[int], Awaitable[Any]]
-    ) -> None:
-        """Start, in ``tg``, the first step's carried reads: the first ``carry`` layers of
-        ``num_layers``, each once ``landed(layer)`` (its prompt rows written), into the buffers
-        in turn. Call it while the prefill's task group still runs, after its last layer's
-        compute: the reads then overlap the last writes and the logits."""
+    def read_first(self, tg: TaskGroup, landed: Callable[[int], Awaitable[Any]]) -> None:
+        """Start, in ``tg``, the first step's carried reads: the ``carry`` layers it reads
+        first, each once ``landed(layer)`` (its prompt rows written), into the buffers in turn.
+        Call it while the prefill's task group still runs, after its last layer's compute: the
+        reads then overlap the last writes and the logits."""
         if self._carried or self._carrying:
             raise ValueError("the next step's first layers are read already")
         for buffer in range(len(self.buffers)):
-            if not self._carry_into(tg, buffer, num_layers, landed):
+            if not self._carry_into(tg, buffer, landed):
                 break
 
     async def step(self, use: UseLayer, *, more: bool, waiting: Waiting = _plain_wait) -> None:
@@ -130,6 +134,7 @@ class LayerWalk:
             results[layer] = kv
             ready[layer].set()
         self._carried = {}
+        self._plan = None
 
         async def fetch(layer: int, buffer: int) -> None:
             results[layer] = await self._read(layer, buffer)
@@ -157,9 +162,10 @@ class LayerWalk:
                         if (following := order.used(layer)) is not None:
                             tg.start_soon(fetch, *following)  # into the buffer ``layer`` left
                         elif carrying:
-                            carrying = self._carry_into(tg, buffer, layers, landed)
+                            carrying = self._carry_into(tg, buffer, landed)
                         tg.start_soon(append, layer, k_row, v_row)
         except BaseException:
             self._carried.clear()  # a failed step leaves nothing for the next one
             self._carrying.clear()
+            self._plan = None
             raise

@@ -236,7 +236,7 @@ class OptModel:
                     await self._wait("writes behind", behind.acquire())
                     tg.start_soon(write, layer, k, v)
                 if walk is not None:
-                    walk.read_first(tg, layers, landed)
+                    walk.read_first(tg, landed)
                 logits = await self._compute("logits", self._logits, x)
         return logits
 

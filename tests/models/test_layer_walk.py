@@ -76,7 +76,7 @@ async def _prefill(cache: _BufferedCache, walk: LayerWalk, layers: int, prompt: 
     async with anyio.create_task_group() as tg:
         for layer in range(layers):
             tg.start_soon(write, layer)
-        walk.read_first(tg, layers, landed)
+        walk.read_first(tg, landed)
 
 
 async def _decode(
@@ -133,6 +133,21 @@ async def test_a_steps_tail_reads_the_next_steps_first_layers_after_their_append
     assert [e for e in first if e.startswith("read")] == [f"read {i}" for i in (2, 3, 4, 5, 0, 1)]
 
 
+async def test_the_carry_is_what_the_next_steps_order_reads_first() -> None:
+    # Layer 4 is slow (direct): the next step's order reads 0, then 4 ahead of 1..3, so those
+    # two are carried, and the next step starts its one free buffer on layer 1.
+    cache = _BufferedCache(6, [4], 8)
+    walk = LayerWalk(cache, list(range(3)))
+    await _prefill(cache, walk, 6, 2)
+    assert sorted(cache.log) == ["read 0", "read 4"]
+    assert walk.carried_layers == [0, 4]
+    cache.log.clear()
+    await _decode(cache, walk, 6, 2, 2)
+    first = cache.log[: cache.log.index("read 1", cache.log.index("append 5"))]
+    assert next(e for e in first if e.startswith("read")) == "read 1"
+    assert sorted(e for e in first if e.startswith("read")) == [f"read {i}" for i in range(6)]
+
+
 async def test_without_a_carry_each_step_reads_only_its_own_layers() -> None:
     cache = _BufferedCache(4, [], 8)
     walk = LayerWalk(cache, list(range(2)), carry=0)
@@ -164,7 +179,7 @@ async def test_misuse_is_refused() -> None:
     await _prefill(cache, walk, 2, 1)
     async with anyio.create_task_group() as tg:
         with pytest.raises(ValueError, match="read already"):
-            walk.read_first(tg, 2, lambda layer: anyio.sleep(0))
+            walk.read_first(tg, lambda layer: anyio.sleep(0))
     order = ReadAhead(3, 2)
     order.adopt(0, 1)
     with pytest.raises(ValueError, match="adopted twice"):
