@@ -5,9 +5,10 @@ prompt and hands its K and V to the cache (written behind the next layer's compu
 step then walks the layers again: before computing layer ``i`` it starts the read of layer
 ``i + 1``, so storage and compute overlap, and it appends layer ``i``'s new row behind it.
 
-Compute runs in a worker thread (torch releases the GIL in its kernels) so that the event loop
-keeps driving the store's actors — the overlap is real on a CPU too, and a service running
-several requests keeps all of them moving.
+On the CPU compute runs in a worker thread (torch releases the GIL in its kernels) so that the
+event loop keeps driving the store's actors — the overlap is real on a CPU too, and a service
+running several requests keeps all of them moving. On CUDA a layer's call only queues kernels
+and returns within a millisecond, so it runs on the event loop itself (see ``launch_inline``).
 
 Activations are ``[seq, batch, hidden]``, the layout of the store's tensors, so K and V go to
 the cache without a transpose. K and V are rounded to the cache's dtype before attention uses
@@ -93,6 +94,14 @@ class OptModel:
         self._layers = [self.weights.layer(i) for i in range(self.arch.num_layers)]
         #: warm the decode's kernels under the first prefill of each shape (:meth:`_warm_decode`)
         self.warm_decode = self.device.type == "cuda"
+        #: Run the layers' calls on the event loop, not in a worker thread: on CUDA a call only
+        #: queues kernels (a decode layer's run on the device for well under a millisecond), and
+        #: the worker-thread round trip cost more than the call. In one H100 trace at 11 GiB
+        #: every layer's K and V had landed 10-35 ms before the engine reached it, while each
+        #: layer's threaded call took 1.4-18 ms (median 4.9): the GIL handed between the loop,
+        #: busy with the store's actors, and the worker (docs/bench.md). Calls that
+        #: synchronize with the device (the warm-up) stay in a thread.
+        self.launch_inline = self.device.type == "cuda"
         self._warmed: set[tuple[int, int]] = set()  # (batch, prompt rows) warmed
 
     # -- the math of one piece ---------------------------------------------------------------
@@ -180,17 +189,28 @@ class OptModel:
             torch.cuda.synchronize(self.device)
 
     async def _compute(
-        self, label: str, fn: Callable[..., T], *args: Any, track: str = ENGINE_TRACK
+        self,
+        label: str,
+        fn: Callable[..., T],
+        *args: Any,
+        track: str = ENGINE_TRACK,
+        blocking: bool = False,
     ) -> T:
-        """Run ``fn`` in a worker thread so the event loop keeps moving KV bytes meanwhile;
-        ``label`` names its slice in the trace (on ``track``: work beside the steps' own, such
-        as the warm-up under the prefill, goes on a track of its own, or slices would cross)."""
+        """Run ``fn`` in a worker thread so the event loop keeps moving KV bytes meanwhile, or
+        on the loop where it only queues kernels (``launch_inline``, unless ``blocking``: it
+        waits for the device). ``label`` names its slice in the trace (on ``track``: work
+        beside the steps' own, such as the warm-up under the prefill, goes on a track of its
+        own, or slices would cross)."""
 
         def run() -> T:
             with torch.inference_mode():
                 return fn(*args)
 
         with self.tracer.span(track, label):
+            if self.launch_inline and not blocking:
+                result = run()
+                await anyio.lowlevel.checkpoint()  # the loop's other tasks go on between calls
+                return result
             return await anyio.to_thread.run_sync(run)
 
     async def _wait(self, label: str, waited: Awaitable[Any]) -> None:
@@ -229,7 +249,9 @@ class OptModel:
                 if self.warm_decode and shape not in self._warmed:
                     # under the prefill, whose compute waits for its writes most of the time
                     self._warmed.add(shape)
-                    warm = functools.partial(self._compute, track=f"{ENGINE_TRACK} warm-up")
+                    warm = functools.partial(
+                        self._compute, track=f"{ENGINE_TRACK} warm-up", blocking=True
+                    )
                     tg.start_soon(warm, "decode kernels", self._warm_decode, *shape)
                 for layer in range(layers):
                     x, k, v = await self._compute(f"L{layer}", self._layer, layer, x, None)

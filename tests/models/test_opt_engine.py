@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,41 @@ async def test_the_decode_warm_up_runs_once_per_shape_and_changes_no_token(
     assert warmed == [(4, 64)]  # once for the shape
     assert torch.equal(first.tokens, plain.tokens)
     assert torch.equal(second.tokens, plain.tokens)
+
+
+async def test_inline_launches_run_on_the_loop_and_change_no_token(
+    opt_tiny: OptModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On CUDA the layers' calls run on the event loop (they only queue kernels); forced on
+    here, they must run on the loop's thread, the warm-up (which waits for the device) in a
+    worker, and the tokens must be those of the threaded engine."""
+    ids = prompts(4, 64, opt_tiny.arch.vocab_size)
+    threaded = await opt_tiny.generate(ids, 6, memory_kv(opt_tiny, 4, 80, torch.float16))
+    loop_thread = threading.get_ident()
+    layer_threads: list[int] = []
+    warm_threads: list[int] = []
+    real_layer, real_warm = opt_tiny._layer, opt_tiny._warm_decode
+
+    def layer(*args: Any) -> Any:
+        layer_threads.append(threading.get_ident())
+        return real_layer(*args)
+
+    def warm(*args: Any) -> None:
+        warm_threads.append(threading.get_ident())
+        real_warm(*args)  # computes one layer itself, on its worker thread
+
+    monkeypatch.setattr(opt_tiny, "_layer", layer)
+    monkeypatch.setattr(opt_tiny, "_warm_decode", warm)
+    monkeypatch.setattr(opt_tiny, "launch_inline", True)
+    monkeypatch.setattr(opt_tiny, "warm_decode", True)
+    monkeypatch.setattr(opt_tiny, "_warmed", set())
+    inline = await opt_tiny.generate(ids, 6, memory_kv(opt_tiny, 4, 80, torch.float16))
+    assert len(warm_threads) == 1
+    assert warm_threads[0] != loop_thread
+    engine_calls = [t for t in layer_threads if t != warm_threads[0]]
+    # the prefill's layers, then five steps' (six tokens)
+    assert engine_calls == [loop_thread] * (opt_tiny.arch.num_layers * 6)
+    assert torch.equal(inline.tokens, threaded.tokens)
 
 
 def _kv_args() -> dict[str, Any]:
