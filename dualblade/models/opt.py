@@ -7,8 +7,9 @@ step then walks the layers again: before computing layer ``i`` it starts the rea
 
 On the CPU compute runs in a worker thread (torch releases the GIL in its kernels) so that the
 event loop keeps driving the store's actors — the overlap is real on a CPU too, and a service
-running several requests keeps all of them moving. On CUDA a layer's call only queues kernels
-and returns within a millisecond, so it runs on the event loop itself (see ``launch_inline``).
+running several requests keeps all of them moving. On CUDA a decode layer's call only queues
+kernels and returns within a millisecond, so it runs on the event loop itself (see
+``launch_inline``).
 
 Activations are ``[seq, batch, hidden]``, the layout of the store's tensors, so K and V go to
 the cache without a transpose. K and V are rounded to the cache's dtype before attention uses
@@ -94,13 +95,14 @@ class OptModel:
         self._layers = [self.weights.layer(i) for i in range(self.arch.num_layers)]
         #: warm the decode's kernels under the first prefill of each shape (:meth:`_warm_decode`)
         self.warm_decode = self.device.type == "cuda"
-        #: Run the layers' calls on the event loop, not in a worker thread: on CUDA a call only
-        #: queues kernels (a decode layer's run on the device for well under a millisecond), and
-        #: the worker-thread round trip cost more than the call. In one H100 trace at 11 GiB
-        #: every layer's K and V had landed 10-35 ms before the engine reached it, while each
-        #: layer's threaded call took 1.4-18 ms (median 4.9): the GIL handed between the loop,
-        #: busy with the store's actors, and the worker (docs/bench.md). Calls that
-        #: synchronize with the device (the warm-up) stay in a thread.
+        #: Run a decode step's calls on the event loop, not in a worker thread: on CUDA a call
+        #: only queues kernels (a decode layer's run on the device for well under a
+        #: millisecond), and the worker-thread round trip cost more than the call. In one H100
+        #: trace at 11 GiB every layer's K and V had landed 10-35 ms before the engine reached
+        #: it, while each layer's threaded call took 1.4-18 ms (median 4.9): the GIL handed
+        #: between the loop, busy with the store's actors, and the worker (docs/bench.md).
+        #: Calls that may hold the CPU longer (the prefill's: cuDNN plans its attention for
+        #: each new prompt length) or wait for the device (the warm-up) stay in a thread.
         self.launch_inline = self.device.type == "cuda"
         self._warmed: set[tuple[int, int]] = set()  # (batch, prompt rows) warmed
 
@@ -194,20 +196,20 @@ class OptModel:
         fn: Callable[..., T],
         *args: Any,
         track: str = ENGINE_TRACK,
-        blocking: bool = False,
+        queues_only: bool = False,
     ) -> T:
         """Run ``fn`` in a worker thread so the event loop keeps moving KV bytes meanwhile, or
-        on the loop where it only queues kernels (``launch_inline``, unless ``blocking``: it
-        waits for the device). ``label`` names its slice in the trace (on ``track``: work
-        beside the steps' own, such as the warm-up under the prefill, goes on a track of its
-        own, or slices would cross)."""
+        on the loop itself where it only queues kernels (``queues_only``, a decode step's
+        calls, with ``launch_inline``). ``label`` names its slice in the trace (on ``track``:
+        work beside the steps' own, such as the warm-up under the prefill, goes on a track of
+        its own, or slices would cross)."""
 
         def run() -> T:
             with torch.inference_mode():
                 return fn(*args)
 
         with self.tracer.span(track, label):
-            if self.launch_inline and not blocking:
+            if queues_only and self.launch_inline:
                 result = run()
                 await anyio.lowlevel.checkpoint()  # the loop's other tasks go on between calls
                 return result
@@ -249,9 +251,7 @@ class OptModel:
                 if self.warm_decode and shape not in self._warmed:
                     # under the prefill, whose compute waits for its writes most of the time
                     self._warmed.add(shape)
-                    warm = functools.partial(
-                        self._compute, track=f"{ENGINE_TRACK} warm-up", blocking=True
-                    )
+                    warm = functools.partial(self._compute, track=f"{ENGINE_TRACK} warm-up")
                     tg.start_soon(warm, "decode kernels", self._warm_decode, *shape)
                 for layer in range(layers):
                     x, k, v = await self._compute(f"L{layer}", self._layer, layer, x, None)
@@ -277,20 +277,21 @@ class OptModel:
         straight from storage. ``more``: a step follows, whose first layers this one reads in
         its tail (:class:`LayerWalk`).
         """
-        x = await self._compute("embed", self._embed, tokens[None, :], position)
+        compute = functools.partial(self._compute, queues_only=True)
+        x = await compute("embed", self._embed, tokens[None, :], position)
 
         async def use(
             layer: int, k: torch.Tensor, v: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
             nonlocal x
-            x, k_row, v_row = await self._compute(f"L{layer}", self._layer, layer, x, (k, v))
+            x, k_row, v_row = await compute(f"L{layer}", self._layer, layer, x, (k, v))
             return k_row, v_row
 
         async def waiting(layer: int, until: Awaitable[Any]) -> None:
             await self._wait(f"read L{layer}", until)
 
         await walk.step(use, more=more, waiting=waiting)
-        return await self._compute("logits", self._logits, x)
+        return await compute("logits", self._logits, x)
 
     # -- generation ----------------------------------------------------------------------------
     def check_request(self, prompt_ids: torch.Tensor, gen_len: int) -> None:
