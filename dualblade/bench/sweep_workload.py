@@ -210,13 +210,13 @@ async def run_sweep_workload(
     clock = PhaseClock()
     verified = 0
     async with store.context() as ctx:
-        on_phase("prefill_start")
-        clock.prefill_start = time.perf_counter()
         if buffers is None:
             buffers = read_buffers(config, device)
         for made_first in buffers:
             store.fix_read_buffers(made_first)  # as the engine's own buffers are
-        walk = LayerWalk(ctx, buffers)
+        walk = LayerWalk(ctx, buffers)  # the prefill reads the first step's layers into them
+        on_phase("prefill_start")
+        clock.prefill_start = time.perf_counter()
         produce_s = await _prefill(
             ctx, data, layers, device, config.copy_threads, progress, walk if decode_steps else None
         )
@@ -303,9 +303,6 @@ async def _prefill(
         written += 1
         progress("prefill", written, layers)
 
-    async def written_layer(layer: int) -> None:
-        await landed[layer].wait()
-
     with plain_errors():
         async with anyio.create_task_group() as tg:
             for layer in range(layers):
@@ -314,7 +311,7 @@ async def _prefill(
                 tg.start_soon(write, layer, k, v)
                 del k, v
             if walk is not None:
-                walk.read_first(tg, written_layer)
+                walk.read_first(tg, landed)
     return produce_s
 
 

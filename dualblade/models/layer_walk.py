@@ -63,9 +63,11 @@ class LayerWalk:
     def __init__(self, cache: KVCache, buffers: Sequence[Any], *, carry: int | None = None) -> None:
         if not buffers:
             raise ValueError("a walk over the layers needs at least one read buffer")
+        if carry is not None and carry < 0:
+            raise ValueError(f"a walk carries 0 or more layers into the next step, not {carry}")
         self.cache = cache
         self.buffers = list(buffers)
-        wanted = len(self.buffers) - 1 if carry is None else max(0, carry)
+        wanted = len(self.buffers) - 1 if carry is None else carry
         self.carry = min(wanted, len(self.buffers))  # a carried layer holds a buffer
         self._carried: dict[int, tuple[int, KV]] = {}  # layer -> (buffer, its K and V)
         self._carrying: list[int] = []  # buffers whose carried read is in flight
@@ -80,11 +82,9 @@ class LayerWalk:
         out = self.buffers[buffer]
         return await (self.cache.read(layer) if out is None else self.cache.read(layer, out=out))
 
-    def _carry_into(
-        self, tg: TaskGroup, buffer: int, landed: Callable[[int], Awaitable[Any]]
-    ) -> bool:
-        """Read the next layer to carry into the free ``buffer``, once ``landed(layer)``;
-        False when nothing more is carried.
+    def _carry_into(self, tg: TaskGroup, buffer: int, landed: Sequence[anyio.Event]) -> bool:
+        """Read the next layer to carry into the free ``buffer``, once ``landed[layer]`` is
+        set; False when nothing more is carried.
 
         The layers carried are the first the next step's own read order would read: layer 0,
         then its direct layers as early as its buffers allow (the disk's next layers, where a
@@ -99,16 +99,17 @@ class LayerWalk:
         self._carrying.append(buffer)
 
         async def read() -> None:
-            await landed(layer)
+            await landed[layer].wait()
             self._carried[layer] = (buffer, await self._read(layer, buffer))
             self._carrying.remove(buffer)
 
         tg.start_soon(read)
         return True
 
-    def read_first(self, tg: TaskGroup, landed: Callable[[int], Awaitable[Any]]) -> None:
+    def read_first(self, tg: TaskGroup, landed: Sequence[anyio.Event]) -> None:
         """Start, in ``tg``, the first step's carried reads: the ``carry`` layers it reads
-        first, each once ``landed(layer)`` (its prompt rows written), into the buffers in turn.
+        first, each once ``landed[layer]`` is set (its prompt rows written), into the buffers
+        in turn.
         Call it while the prefill's task group still runs, after its last layer's compute: the
         reads then overlap the last writes and the logits."""
         if self._carried or self._carrying:
@@ -144,9 +145,6 @@ class LayerWalk:
             await self.cache.append(layer, k_row, v_row)
             appended[layer].set()
 
-        async def landed(layer: int) -> None:
-            await appended[layer].wait()
-
         carrying = more
         try:
             with plain_errors():
@@ -162,7 +160,7 @@ class LayerWalk:
                         if (following := order.used(layer)) is not None:
                             tg.start_soon(fetch, *following)  # into the buffer ``layer`` left
                         elif carrying:
-                            carrying = self._carry_into(tg, buffer, landed)
+                            carrying = self._carry_into(tg, buffer, appended)
                         tg.start_soon(append, layer, k_row, v_row)
         except BaseException:
             self._carried.clear()  # a failed step leaves nothing for the next one

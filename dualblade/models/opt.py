@@ -242,9 +242,6 @@ class OptModel:
                 behind.release()
             written[layer].set()
 
-        async def landed(layer: int) -> None:
-            await written[layer].wait()
-
         with plain_errors():
             async with anyio.create_task_group() as tg:
                 shape = (ids.shape[1], ids.shape[0])
@@ -258,7 +255,7 @@ class OptModel:
                     await self._wait("writes behind", behind.acquire())
                     tg.start_soon(write, layer, k, v)
                 if walk is not None:
-                    walk.read_first(tg, landed)
+                    walk.read_first(tg, written)
                 logits = await self._compute("logits", self._logits, x)
         return logits
 

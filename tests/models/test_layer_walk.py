@@ -70,13 +70,10 @@ async def _prefill(cache: _BufferedCache, walk: LayerWalk, layers: int, prompt: 
         await cache.write(layer, k, -k)
         written[layer].set()
 
-    async def landed(layer: int) -> None:
-        await written[layer].wait()
-
     async with anyio.create_task_group() as tg:
         for layer in range(layers):
             tg.start_soon(write, layer)
-        walk.read_first(tg, landed)
+        walk.read_first(tg, written)
 
 
 async def _decode(
@@ -174,12 +171,14 @@ async def test_a_failed_step_carries_nothing_into_the_next() -> None:
 async def test_misuse_is_refused() -> None:
     with pytest.raises(ValueError, match="at least one read buffer"):
         LayerWalk(_BufferedCache(2, [], 4), [])
+    with pytest.raises(ValueError, match="0 or more layers"):
+        LayerWalk(_BufferedCache(2, [], 4), [0, 1], carry=-1)
     cache = _BufferedCache(2, [], 4)
     walk = LayerWalk(cache, [0, 1])
     await _prefill(cache, walk, 2, 1)
     async with anyio.create_task_group() as tg:
         with pytest.raises(ValueError, match="read already"):
-            walk.read_first(tg, lambda layer: anyio.sleep(0))
+            walk.read_first(tg, [anyio.Event(), anyio.Event()])
     order = ReadAhead(3, 2)
     order.adopt(0, 1)
     with pytest.raises(ValueError, match="adopted twice"):
