@@ -122,7 +122,12 @@ class LayerWalk:
         """One decode step: hand every layer to ``use`` in layer order, each read ahead of it,
         and append the rows ``use`` returns behind it. ``more``: another step follows, so the
         tail reads its first layers (see the module). Returns once every append (and every
-        carried read) has landed."""
+        carried read) has landed.
+
+        The wait for each layer's read yields to the event loop even where the read has landed
+        (an anyio event's ``wait``): the fetch and the append started for the layer before it
+        begin there, and a ``use`` that does not yield (an engine that only queues kernels,
+        the sweep's checks) relies on that turn."""
         if self._carrying:
             raise ValueError("a step began while the last one's carried reads were unfinished")
         order = self.cache.read_order(len(self.buffers))

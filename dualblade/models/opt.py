@@ -202,7 +202,12 @@ class OptModel:
         on the loop itself where it only queues kernels (``queues_only``, a decode step's
         calls, with ``launch_inline``). ``label`` names its slice in the trace (on ``track``:
         work beside the steps' own, such as the warm-up under the prefill, goes on a track of
-        its own, or slices would cross)."""
+        its own, or slices would cross).
+
+        An inline call does not yield: the walk's wait for the next layer's read, which follows
+        each layer's call, is the loop's turn (it yields even on a read that has landed). A
+        yield here as well made two turns a layer; on the busy loop of an 11 GiB decode a turn
+        took about 3 ms (docs/bench.md)."""
 
         def run() -> T:
             with torch.inference_mode():
@@ -210,9 +215,7 @@ class OptModel:
 
         with self.tracer.span(track, label):
             if queues_only and self.launch_inline:
-                result = run()
-                await anyio.lowlevel.checkpoint()  # the loop's other tasks go on between calls
-                return result
+                return run()
             return await anyio.to_thread.run_sync(run)
 
     async def _wait(self, label: str, waited: Awaitable[Any]) -> None:

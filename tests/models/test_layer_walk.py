@@ -188,3 +188,30 @@ async def test_misuse_is_refused() -> None:
     assert order.start() == [(1, 0)]
     with pytest.raises(ValueError, match="before the order starts"):
         order.adopt(2, 0)
+
+
+@pytest.mark.parametrize("anyio_backend", ["asyncio"])  # trio shuffles a turn's tasks
+async def test_a_use_that_never_yields_still_lets_each_fetch_begin_before_the_next_use() -> None:
+    # The engine's CUDA decode queues a layer's kernels without yielding: the walk's wait for
+    # the next layer, landed or not, must be the turn in which the fetch that layer freed begins.
+    layers, buffers = 6, 2
+    cache = MemoryKVContext(layers, BATCH, 8, WIDTH, torch.float16, "cpu")
+    for layer in range(layers):
+        await cache.write(layer, _row(layer, 0), -_row(layer, 0))
+    begun: list[int] = []
+    instant_read = cache.read
+
+    async def read(layer: int, *, out: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        begun.append(layer)
+        return await instant_read(layer)
+
+    cache.read = read  # type: ignore[method-assign]
+    seen: list[list[int]] = []
+
+    async def use(layer: int, k: torch.Tensor, v: torch.Tensor) -> Any:
+        seen.append(list(begun))
+        return _row(layer, 1), -_row(layer, 1)
+
+    await LayerWalk(cache, [None] * buffers, carry=0).step(use, more=False)
+    for layer in range(1, layers - buffers + 1):
+        assert layer - 1 + buffers in seen[layer], f"layer {layer} used before its next fetch"
