@@ -5,8 +5,14 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 
+import hypothesis.internal.conjecture.optimiser  # noqa: F401  (see below)
 import pytest
 import structlog
+
+# Hypothesis imports its optimiser lazily, in the middle of a property test, and pytest rewrites
+# the module's asserts as it loads. Compiling it that deep in the stack on CPython 3.11.7 failed
+# now and then with "SystemError: AST constructor recursion depth mismatch" (CPython gh-106905,
+# pytest-dev/pytest#10763). Imported here, it compiles at the top of the stack, once.
 
 
 @pytest.fixture(params=["asyncio", "trio"])
