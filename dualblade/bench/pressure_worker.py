@@ -150,7 +150,7 @@ async def _step(ctx: Any, data: Any, step: int, buffers: list[Any], device: Any)
             data.appended_row("V", layer, step).to(device),
         )
 
-    await LayerWalk(ctx, buffers, carry=0).step(use, more=False)
+    await LayerWalk(ctx, buffers, carry=False).step(use, more=False)
 
 
 def _check(data: Any, kind: str, layer: int, read: Any, step: int) -> None:

@@ -303,5 +303,5 @@ async def _decode_step(
             data.appended_row("V", spec, layer, step).to(device),
         )
 
-    await LayerWalk(ctx, buffers, carry=0).step(use, more=False)
+    await LayerWalk(ctx, buffers, carry=False).step(use, more=False)
     return checked

@@ -7,15 +7,13 @@ Near a step's end the order has nothing left to read: the buffers its last layer
 idle until the next step starts, and that step's first layer would only then be asked for. On
 the H100 at 11 GiB (OPT-6.7B, batch 32, everything in the page cache) a step lost 30-72 ms of
 its 320-358 ms there before layer 0 could compute: its read, after the logits, the token and
-the next embedding (docs/bench.md). So a step reads the layers the next step's order reads first
-(layer 0, then its direct layers as early as buffers allow) into those buffers as they free,
-each once this step's append of that layer has landed (the next step's read must hold the new
-row), and the next step adopts them (:meth:`ReadAhead.adopt`).
-
-It carries one layer fewer than it has buffers: the next step then starts with a buffer free
-for its first read beyond them, and the disk is not idle while layer 0 computes. After the
-prefill, :meth:`LayerWalk.read_first` reads the first step's layers the same way, or the first
-step would start cold and be the slowest.
+the next embedding (docs/bench.md). So a step's order runs on into the next step's
+(:meth:`ReadAhead.then`): the buffers its last layers free read the next step's first layers,
+and its next direct layers as early as its own (so the disk goes from this step's last direct
+layer straight to the next one's first), each once this step's append of that layer has
+landed (the next step's read must hold the new row). The next step adopts them
+(:meth:`ReadAhead.adopt`). After the prefill, :meth:`LayerWalk.read_first` reads the first
+step's first layers the same way, or the first step would start cold and be the slowest.
 
 Carried reads finish inside the step that started them: a task group cannot stay open across an
 async generator's ``yield`` (the engine's :meth:`~dualblade.models.opt.OptModel.stream`), and
@@ -55,23 +53,18 @@ class LayerWalk:
     Args:
         cache: the request's KV cache.
         buffers: the read buffers; one read is in flight per buffer.
-        carry: how many of the next step's first layers a step reads in its tail; default one
-            fewer than the buffers (see the module), at most the buffers. 0 walks each step on
-            its own.
+        carry: whether a step reads the next step's first layers in its tail (see the module);
+            False walks each step on its own.
     """
 
-    def __init__(self, cache: KVCache, buffers: Sequence[Any], *, carry: int | None = None) -> None:
+    def __init__(self, cache: KVCache, buffers: Sequence[Any], *, carry: bool = True) -> None:
         if not buffers:
             raise ValueError("a walk over the layers needs at least one read buffer")
-        if carry is not None and carry < 0:
-            raise ValueError(f"a walk carries 0 or more layers into the next step, not {carry}")
         self.cache = cache
         self.buffers = list(buffers)
-        wanted = len(self.buffers) - 1 if carry is None else carry
-        self.carry = min(wanted, len(self.buffers))  # a carried layer holds a buffer
+        self.carry = carry
         self._carried: dict[int, tuple[int, KV]] = {}  # layer -> (buffer, its K and V)
-        self._carrying: list[int] = []  # buffers whose carried read is in flight
-        self._plan: list[int] | None = None  # the layers to carry, once a step's tail begins
+        self._carrying = 0  # carried reads in flight
 
     @property
     def carried_layers(self) -> list[int]:
@@ -82,47 +75,38 @@ class LayerWalk:
         out = self.buffers[buffer]
         return await (self.cache.read(layer) if out is None else self.cache.read(layer, out=out))
 
-    def _carry_into(self, tg: TaskGroup, buffer: int, landed: Sequence[anyio.Event]) -> bool:
-        """Read the next layer to carry into the free ``buffer``, once ``landed[layer]`` is
-        set; False when nothing more is carried.
-
-        The layers carried are the first the next step's own read order would read: layer 0,
-        then its direct layers as early as its buffers allow (the disk's next layers, where a
-        step is the disk's to wait for), then layers in order."""
-        if self._plan is None:
-            starts = self.cache.read_order(len(self.buffers)).start()
-            self._plan = [layer for layer, _ in starts][: self.carry]
-        index = len(self._carried) + len(self._carrying)
-        if index >= len(self._plan):
-            return False
-        layer = self._plan[index]
-        self._carrying.append(buffer)
+    def _carry(self, tg: TaskGroup, layer: int, buffer: int, landed: anyio.Event) -> None:
+        """Start, in ``tg``, the next step's read of ``layer`` into ``buffer``, once
+        ``landed`` is set (this step's append of it, or the prefill's write)."""
+        self._carrying += 1
 
         async def read() -> None:
-            await landed[layer].wait()
+            await landed.wait()
             self._carried[layer] = (buffer, await self._read(layer, buffer))
-            self._carrying.remove(buffer)
+            self._carrying -= 1
 
         tg.start_soon(read)
-        return True
 
     def read_first(self, tg: TaskGroup, landed: Sequence[anyio.Event]) -> None:
-        """Start, in ``tg``, the first step's carried reads: the ``carry`` layers it reads
-        first, each once ``landed[layer]`` is set (its prompt rows written), into the buffers
-        in turn.
+        """Start, in ``tg``, the first step's first reads (its read order's start, a layer per
+        buffer), each once ``landed[layer]`` is set (its prompt rows written).
         Call it while the prefill's task group still runs, after its last layer's compute: the
-        reads then overlap the last writes and the logits."""
+        reads then overlap the last writes and the logits. A walk that does not carry reads
+        nothing here.
+        """
         if self._carried or self._carrying:
             raise ValueError("the next step's first layers are read already")
-        for buffer in range(len(self.buffers)):
-            if not self._carry_into(tg, buffer, landed):
-                break
+        if not self.carry:
+            return
+        for layer, buffer in self.cache.read_order(len(self.buffers)).start():
+            self._carry(tg, layer, buffer, landed[layer])
 
     async def step(self, use: UseLayer, *, more: bool, waiting: Waiting = _plain_wait) -> None:
         """One decode step: hand every layer to ``use`` in layer order, each read ahead of it,
         and append the rows ``use`` returns behind it. ``more``: another step follows, so the
-        tail reads its first layers (see the module). Returns once every append (and every
-        carried read) has landed.
+        step's read order runs on into the next step's (:meth:`ReadAhead.then`) and its tail
+        reads the next step's first layers (see the module). Returns once every append (and
+        every carried read) has landed.
 
         The wait for each layer's read yields to the event loop even where the read has landed
         (an anyio event's ``wait``): the fetch and the append started for the layer before it
@@ -132,6 +116,8 @@ class LayerWalk:
             raise ValueError("a step began while the last one's carried reads were unfinished")
         order = self.cache.read_order(len(self.buffers))
         layers = order.num_layers
+        if more and self.carry:
+            order = order.then(self.cache.read_order(len(self.buffers)))
         results: dict[int, KV] = {}
         ready = [anyio.Event() for _ in range(layers)]
         appended = [anyio.Event() for _ in range(layers)]
@@ -140,35 +126,35 @@ class LayerWalk:
             results[layer] = kv
             ready[layer].set()
         self._carried = {}
-        self._plan = None
 
         async def fetch(layer: int, buffer: int) -> None:
             results[layer] = await self._read(layer, buffer)
             ready[layer].set()
 
+        def start(tg: TaskGroup, layer: int, buffer: int) -> None:
+            if layer < layers:
+                tg.start_soon(fetch, layer, buffer)
+            else:  # the next step's: its read must hold the row this step appends
+                self._carry(tg, layer - layers, buffer, appended[layer - layers])
+
         async def append(layer: int, k_row: torch.Tensor, v_row: torch.Tensor) -> None:
             await self.cache.append(layer, k_row, v_row)
             appended[layer].set()
 
-        carrying = more
         try:
             with plain_errors():
                 async with anyio.create_task_group() as tg:
                     for layer, buffer in order.start():
-                        tg.start_soon(fetch, layer, buffer)
+                        start(tg, layer, buffer)
                     for layer in range(layers):
                         await waiting(layer, ready[layer].wait())
                         k, v = results.pop(layer)
                         k_row, v_row = await use(layer, k, v)
                         del k, v
-                        buffer = order.buffer_of(layer)
                         if (following := order.used(layer)) is not None:
-                            tg.start_soon(fetch, *following)  # into the buffer ``layer`` left
-                        elif carrying:
-                            carrying = self._carry_into(tg, buffer, appended)
+                            start(tg, *following)  # into the buffer ``layer`` left
                         tg.start_soon(append, layer, k_row, v_row)
         except BaseException:
             self._carried.clear()  # a failed step leaves nothing for the next one
-            self._carrying.clear()
-            self._plan = None
+            self._carrying = 0
             raise

@@ -83,6 +83,32 @@ class ReadAhead:
         slow = [layer for layer, medium in enumerate(media) if medium is Medium.DIRECT]
         return cls(len(media), buffers, slow)
 
+    @property
+    def slow_layers(self) -> tuple[int, ...]:
+        """The layers read as early as a buffer allows, in order."""
+        return tuple(self._slow)
+
+    def then(self, following: ReadAhead) -> ReadAhead:
+        """One order over this step's layers and then ``following``'s, numbered after this
+        one's (its layer ``i`` is ``num_layers + i`` here): a step that reads the next step's
+        first layers in its tail (``dualblade.models.LayerWalk``).
+
+        Under one order, the next step's slow layers are read ahead like this step's own: once
+        this step's last slow layer is asked for, a freed buffer goes to the next step's first
+        one, while this step's page-cache layers take turns in the others. Read only once this
+        step's buffers free at its end, the disk idled between its last direct layer and the
+        next step's first (10-18 ms a step of 0.39 s in the quick preset at 2 GiB).
+
+        Raises:
+            ValueError: the orders have different buffers, or either has begun.
+        """
+        if following.buffers != self.buffers:
+            raise ValueError(f"orders of {self.buffers} and {following.buffers} buffers differ")
+        if self._started or self._issued or following._started or following._issued:
+            raise ValueError("orders are joined before either adopts a layer or starts")
+        slow = [*self._slow, *(self.num_layers + layer for layer in following._slow)]
+        return ReadAhead(self.num_layers + following.num_layers, self.buffers, slow)
+
     def adopt(self, layer: int, buffer: int) -> None:
         """``layer`` is already read into ``buffer`` (by the step before, in its tail): the
         order counts it as issued and :meth:`start` leaves that buffer alone.
