@@ -103,3 +103,32 @@ def test_the_decodes_extra_buffer_holds_one_more_direct_layer(read_parallelism: 
     with_spare = _most_slow_layers_held(ReadAhead(32, buffers, slow), slow)
     without = _most_slow_layers_held(ReadAhead(32, read_parallelism, slow), slow)
     assert with_spare == without + 1
+
+
+def test_two_steps_joined_read_the_next_steps_direct_layer_ahead_of_this_steps_last() -> None:
+    # Layers 1 and 3 are direct in both steps. Joined, the next step's 1 (here 5) takes the
+    # first buffer freed after this step's 3 is asked for: before 3 is used, and before the
+    # next step's 0 (here 4).
+    step = ReadAhead.for_media([Medium.PAGE_CACHE, Medium.DIRECT] * 2, 2)
+    joined = step.then(ReadAhead.for_media([Medium.PAGE_CACHE, Medium.DIRECT] * 2, 2))
+    assert joined.num_layers == 8
+    assert joined.slow_layers == (1, 3, 5, 7)
+    issued = joined.start()
+    for layer in range(4):  # this step's layers only: the rest are the next step's
+        following = joined.used(layer)
+        if following is not None:
+            issued.append(following)
+    assert [layer for layer, _ in issued] == [0, 1, 3, 2, 5, 4]
+
+
+def test_orders_are_joined_only_when_fresh_and_of_one_buffer_count() -> None:
+    with pytest.raises(ValueError, match="buffers differ"):
+        ReadAhead(4, 2).then(ReadAhead(4, 3))
+    started = ReadAhead(4, 2)
+    started.start()
+    with pytest.raises(ValueError, match="before either"):
+        started.then(ReadAhead(4, 2))
+    adopted = ReadAhead(4, 2)
+    adopted.adopt(0, 0)
+    with pytest.raises(ValueError, match="before either"):
+        ReadAhead(4, 2).then(adopted)
