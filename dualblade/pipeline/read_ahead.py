@@ -88,26 +88,40 @@ class ReadAhead:
         """The layers read as early as a buffer allows, in order."""
         return tuple(self._slow)
 
-    def then(self, following: ReadAhead) -> ReadAhead:
-        """One order over this step's layers and then ``following``'s, numbered after this
-        one's (its layer ``i`` is ``num_layers + i`` here): a step that reads the next step's
-        first layers in its tail (``dualblade.models.LayerWalk``).
+    def then(self, following: ReadAhead, *, carry: int) -> ReadAhead:
+        """One order over this step's layers and then the first ``carry`` reads of
+        ``following``'s (the first its :meth:`start` would issue), numbered after this one's
+        (its layer ``i`` is ``num_layers + i`` here): a step that reads the next step's first
+        layers in its tail (``dualblade.models.LayerWalk``). The next step's other layers are
+        left to it.
 
         Under one order, the next step's slow layers are read ahead like this step's own: once
         this step's last slow layer is asked for, a freed buffer goes to the next step's first
         one, while this step's page-cache layers take turns in the others. Read only once this
-        step's buffers free at its end, the disk idled between its last direct layer and the
-        next step's first (10-18 ms a step of 0.39 s in the quick preset at 2 GiB).
+        step's buffers freed at its end, the disk idled between its last direct layer and the
+        next step's first (10-18 ms a step of 0.39 s in the quick preset at 2 GiB). With
+        ``carry`` one fewer than the buffers, the next step starts with a buffer free for its
+        next read.
 
         Raises:
-            ValueError: the orders have different buffers, or either has begun.
+            ValueError: the orders have different buffers, either has begun, or ``carry`` is
+                outside ``0..buffers``.
         """
         if following.buffers != self.buffers:
             raise ValueError(f"orders of {self.buffers} and {following.buffers} buffers differ")
         if self._started or self._issued or following._started or following._issued:
             raise ValueError("orders are joined before either adopts a layer or starts")
+        if not 0 <= carry <= self.buffers:
+            raise ValueError(f"a step carries 0 to {self.buffers} layers, not {carry}")
+        first_reads = ReadAhead(following.num_layers, following.buffers, following._slow)
+        carried = {layer for layer, _ in first_reads.start()[:carry]}
         slow = [*self._slow, *(self.num_layers + layer for layer in following._slow)]
-        return ReadAhead(self.num_layers + following.num_layers, self.buffers, slow)
+        joined = ReadAhead(self.num_layers + following.num_layers, self.buffers, slow)
+        # The next step's layers not carried count as issued: this order never reads them.
+        joined._done.update(
+            self.num_layers + layer for layer in range(following.num_layers) if layer not in carried
+        )
+        return joined
 
     def adopt(self, layer: int, buffer: int) -> None:
         """``layer`` is already read into ``buffer`` (by the step before, in its tail): the

@@ -228,46 +228,44 @@ def _reads(events: list[str]) -> list[int]:
 async def test_prefill_writes_then_each_step_reads_ahead_and_into_the_next(
     opt_tiny: OptModel,
 ) -> None:
-    # One read in flight (two buffers): the prefill reads layers 0 and 1 back once written;
-    # each step reads two layers ahead of its compute, and every step but the last reads the
-    # next step's layers 0 and 1 in its tail, each after this step's append of it (it must
-    # hold the new row).
+    # One read in flight (two buffers): the prefill reads layer 0 back once it is written; each
+    # step reads the next layer before computing one, and every step but the last reads the
+    # next step's layer 0 in its tail, after this step's append of it (it must hold the row).
     kv = _RecordingKV()
     await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
     prefill, *steps = _phases(kv.log)
     assert sorted(e for e in prefill if e.startswith("write")) == [f"write {i}" for i in range(4)]
-    assert sorted(_reads(prefill)) == [0, 1]
-    for layer in (0, 1):
-        assert prefill.index(f"read {layer}") > prefill.index(f"write {layer}")
+    assert _reads(prefill) == [0]
+    assert prefill.index("read 0") > prefill.index("write 0")
     assert len(steps) == 2  # 3 tokens: one from prefill, two decode steps
     for number, step in enumerate(steps):
         last = number == len(steps) - 1
-        assert _reads(step) == [2, 3] + ([] if last else [0, 1])
+        assert _reads(step) == [1, 2, 3] + ([] if last else [0])
         assert sorted(e for e in step if e.startswith("append")) == [
             f"append {i}" for i in range(4)
         ]
-        for layer in range(2):
-            # layer + 2's read is issued as layer's compute ends, before the next one's
-            assert step.index(f"read {layer + 2}") < step.index(f"append {layer + 1}")
-            if not last:
-                assert step.index(f"read {layer}") > step.index(f"append {layer}")
+        for layer in range(3):
+            # layer + 1's read is issued before layer's compute ends (its append follows it)
+            assert step.index(f"read {layer + 1}") < step.index(f"append {layer}")
+        if not last:
+            assert step.index("read 0") > step.index("append 0")
     assert kv.steps == 2
     assert kv.open_contexts == 0
 
 
 async def test_decode_keeps_the_providers_read_parallelism_in_flight(opt_tiny: OptModel) -> None:
-    # Three layers ahead (four buffers, as many as layers): the prefill reads every layer back,
-    # the first step reads the next step's layers as its own are done, each after its append,
-    # and the last step reads nothing. The tokens are those of one layer ahead, and of the
-    # in-memory reference.
+    # Three layers ahead (four buffers): the prefill reads layers 0..2 back, each step starts
+    # layer 3 at once and reads the next step's 0..2 as its own 0..2 are done, each after its
+    # append. The tokens are those of one layer ahead, and of the in-memory reference.
     kv = _RecordingKV(read_parallelism=3)
     result = await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
     prefill, first, last = _phases(kv.log)
-    assert sorted(_reads(prefill)) == [0, 1, 2, 3]
+    assert sorted(_reads(prefill)) == [0, 1, 2]
+    assert _reads(first)[0] == 3
     assert sorted(_reads(first)) == [0, 1, 2, 3]
-    for layer in range(4):
+    for layer in (0, 1, 2):
         assert first.index(f"read {layer}") > first.index(f"append {layer}")
-    assert _reads(last) == []
+    assert _reads(last) == [3]
     one_ahead = await opt_tiny.generate(prompts(4, 64, 1024), 3, _RecordingKV())
     assert torch.equal(result.tokens, one_ahead.tokens)
     reference = await opt_tiny.generate(
@@ -339,17 +337,13 @@ class _SlowLayerTwoKV(_RecordingKV):
 
 
 async def test_decode_reads_in_the_caches_read_order(opt_tiny: OptModel) -> None:
-    # Two buffers: the prefill reads layer 0 and the slow layer 2 back. A step then reads 1
-    # as 0 is done; as 1 is, the next step's slow layer 2 (once this step's append of it
-    # lands), then 3 and the next step's 0 as buffers free. The last step reads 1 and 3. The
-    # tokens are those of plain layer order.
+    # Two buffers: layer 0 was read in the step before (or the prefill), so the slow layer 2
+    # jumps ahead into the other buffer at once, 1 and 3 follow in order as buffers free, and
+    # the tail reads the next step's layer 0. The tokens are those of plain layer order.
     kv = _SlowLayerTwoKV()
     result = await opt_tiny.generate(prompts(4, 64, 1024), 3, kv)
-    prefill, first, last = _phases(kv.log)
-    assert sorted(_reads(prefill)) == [0, 2]
-    assert _reads(first)[0] == 1
-    assert sorted(_reads(first)) == [0, 1, 2, 3]
-    assert first.index("read 2") > first.index("append 2")
-    assert _reads(last) == [1, 3]
+    _, first, last = _phases(kv.log)
+    assert _reads(first) == [2, 1, 3, 0]
+    assert _reads(last) == [2, 1, 3]
     plain = await opt_tiny.generate(prompts(4, 64, 1024), 3, _RecordingKV())
     assert torch.equal(result.tokens, plain.tokens)

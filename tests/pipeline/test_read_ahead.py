@@ -106,11 +106,13 @@ def test_the_decodes_extra_buffer_holds_one_more_direct_layer(read_parallelism: 
 
 
 def test_two_steps_joined_read_the_next_steps_direct_layer_ahead_of_this_steps_last() -> None:
-    # Layers 1 and 3 are direct in both steps. Joined, the next step's 1 (here 5) takes the
-    # first buffer freed after this step's 3 is asked for: before 3 is used, and before the
-    # next step's 0 (here 4).
-    step = ReadAhead.for_media([Medium.PAGE_CACHE, Medium.DIRECT] * 2, 2)
-    joined = step.then(ReadAhead.for_media([Medium.PAGE_CACHE, Medium.DIRECT] * 2, 2))
+    # Layers 1 and 3 are direct in both steps, and the next step's first two reads are 0 and
+    # 1. Joined, the next step's 1 (here 5) takes the first buffer freed once this step's 3
+    # is asked for: ahead of this step's 2, and of the next step's 0 (here 4). The next
+    # step's 3 (here 7) is left to it.
+    media = [Medium.PAGE_CACHE, Medium.DIRECT] * 2
+    step = ReadAhead.for_media(media, 3)
+    joined = step.then(ReadAhead.for_media(media, 3), carry=2)
     assert joined.num_layers == 8
     assert joined.slow_layers == (1, 3, 5, 7)
     issued = joined.start()
@@ -118,17 +120,19 @@ def test_two_steps_joined_read_the_next_steps_direct_layer_ahead_of_this_steps_l
         following = joined.used(layer)
         if following is not None:
             issued.append(following)
-    assert [layer for layer, _ in issued] == [0, 1, 3, 2, 5, 4]
+    assert [layer for layer, _ in issued] == [0, 1, 3, 5, 2, 4]
 
 
-def test_orders_are_joined_only_when_fresh_and_of_one_buffer_count() -> None:
+def test_orders_are_joined_only_when_fresh_of_one_buffer_count_and_a_carry_that_fits() -> None:
     with pytest.raises(ValueError, match="buffers differ"):
-        ReadAhead(4, 2).then(ReadAhead(4, 3))
+        ReadAhead(4, 2).then(ReadAhead(4, 3), carry=1)
     started = ReadAhead(4, 2)
     started.start()
     with pytest.raises(ValueError, match="before either"):
-        started.then(ReadAhead(4, 2))
+        started.then(ReadAhead(4, 2), carry=1)
     adopted = ReadAhead(4, 2)
     adopted.adopt(0, 0)
     with pytest.raises(ValueError, match="before either"):
-        ReadAhead(4, 2).then(adopted)
+        ReadAhead(4, 2).then(adopted, carry=1)
+    with pytest.raises(ValueError, match="0 to 2 layers"):
+        ReadAhead(4, 2).then(ReadAhead(4, 2), carry=3)
