@@ -15,9 +15,10 @@ soon as the last one is in, and the page-cache layers in between take turns in t
 buffers. At most ``buffers - 1`` reads are ahead of the order, so one buffer is always left
 for the layer the caller needs next: the walk never waits on a buffer that a later layer holds.
 
-A step may begin with layers already read: the previous step read them in its tail, into
-buffers its last layers had left (:meth:`ReadAhead.adopt`, and ``dualblade.models.LayerWalk``,
-which walks the steps). The order then starts from the first layer not yet read.
+A step may begin with layers already read: the previous step's order ran on into this one's
+first reads (:meth:`ReadAhead.then`) and read them in its tail, into buffers its layers had
+left (:meth:`ReadAhead.adopt`, and ``dualblade.models.LayerWalk``, which walks the steps). The
+order then starts from the first layer not yet read.
 
 Pure: no I/O, no clock. A context gives its own (``KVContext.read_order``); the OPT engine's
 decode and the bench's decode walk follow it.
