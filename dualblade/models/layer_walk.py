@@ -72,6 +72,12 @@ class LayerWalk:
         self._carrying = 0  # carried reads in flight
 
     @property
+    def _carry_count(self) -> int:
+        """How many of the next step's first reads a step (or the prefill) makes: one fewer
+        than the buffers (see the module), none without the carry."""
+        return len(self.buffers) - 1 if self.carry else 0
+
+    @property
     def carried_layers(self) -> list[int]:
         """The layers read for the next step already (their buffers are held until it)."""
         return sorted(self._carried)
@@ -101,10 +107,8 @@ class LayerWalk:
         """
         if self._carried or self._carrying:
             raise ValueError("the next step's first layers are read already")
-        if not self.carry:
-            return
         starts = self.cache.read_order(len(self.buffers)).start()
-        for layer, buffer in starts[: len(self.buffers) - 1]:
+        for layer, buffer in starts[: self._carry_count]:
             self._carry(tg, layer, buffer, landed[layer])
 
     async def step(self, use: UseLayer, *, more: bool, waiting: Waiting = _plain_wait) -> None:
@@ -122,9 +126,9 @@ class LayerWalk:
             raise ValueError("a step began while the last one's carried reads were unfinished")
         order = self.cache.read_order(len(self.buffers))
         layers = order.num_layers
-        if more and self.carry:
-            next_order = self.cache.read_order(len(self.buffers))
-            order = order.then(next_order, carry=len(self.buffers) - 1)
+        if more and self._carry_count:
+            # The next step reads in this step's order: the same context, the same media.
+            order = order.then(order, carry=self._carry_count)
         results: dict[int, KV] = {}
         ready = [anyio.Event() for _ in range(layers)]
         appended = [anyio.Event() for _ in range(layers)]

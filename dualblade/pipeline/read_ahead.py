@@ -158,16 +158,6 @@ class ReadAhead:
             starts.append(self._issue(layer, buffer))
         return starts
 
-    def buffer_of(self, layer: int) -> int:
-        """The buffer ``layer`` is read into (issued and not yet used).
-
-        Raises:
-            ValueError: ``layer`` is not held by a buffer.
-        """
-        if layer not in self._issued:
-            raise ValueError(f"layer {layer} holds no buffer")
-        return self._issued[layer]
-
     def used(self, layer: int) -> tuple[int, int] | None:
         """``layer`` was used (the caller is done with its buffer); returns the next read,
         ``(layer, buffer)``, into that buffer, or None when every layer is read.
