@@ -53,19 +53,21 @@ class DeviceLane:
 
 
 def device_lanes(
-    buffers: list[AlignedBuffer], image_bytes: int, device: torch.device
+    buffers: list[AlignedBuffer], image_bytes: int, device: torch.device, images: int
 ) -> list[DeviceLane]:
-    """A lane per ``image_bytes`` image of each pinned buffer (at least one per buffer).
+    """A lane per ``image_bytes`` image of each pinned buffer, ``images`` to a buffer (the
+    store's ``pin_images_for``). The count is given, not derived from the buffer's size: a
+    CUDA copy thread's buffer ends in room for appended rows, which is no image.
 
     Raises:
-        ValueError: a buffer is smaller than one image.
+        ValueError: a buffer is smaller than its images.
     """
     lanes = []
     for buffer in buffers:
-        images = buffer.size // image_bytes
-        if images < 1:
+        if buffer.size < images * image_bytes:
             raise ValueError(
-                f"a pinned buffer of {buffer.size} bytes holds no image of {image_bytes} bytes"
+                f"a pinned buffer of {buffer.size} bytes is smaller than its {images} "
+                f"image(s) of {image_bytes} bytes"
             )
         for image in range(images):
             offset = image * image_bytes

@@ -72,11 +72,15 @@ class PageCacheBudget:
     pin_images: int = 1
     #: Memory claimed but not touched yet when the limit was read (not in ``in_use_bytes``).
     reserved_bytes: int = 0
+    #: Bytes each copy thread's buffer holds beyond its images: the room for appended rows a
+    #: CUDA copy thread stages in (``dualblade.actors``' row staging), 0 on the host.
+    row_room_bytes: int = 0
 
     @property
     def pinned_reservation_bytes(self) -> int:
-        """``N_threads × images × M_pin``: the fixed DRAM cost of Co-DMA the paper admits."""
-        return self.copy_threads * self.pin_images * self.pin_bytes
+        """``N_threads × (images × M_pin + room for rows)``: the fixed DRAM cost of Co-DMA the
+        paper admits, with the room a CUDA copy thread keeps for appended rows."""
+        return self.copy_threads * (self.pin_images * self.pin_bytes + self.row_room_bytes)
 
     @property
     def pinned_still_reserved_bytes(self) -> int:
@@ -96,7 +100,11 @@ class PageCacheBudget:
                     self.pinned_still_reserved_bytes,
                     f"{self.copy_threads} threads × "
                     + (f"{self.pin_images} images × " if self.pin_images > 1 else "")
-                    + f"M_pin {self.pin_bytes} B"
+                    + (
+                        f"(M_pin {self.pin_bytes} B + rows {self.row_room_bytes} B)"
+                        if self.row_room_bytes
+                        else f"M_pin {self.pin_bytes} B"
+                    )
                     + (
                         f", {self.pinned_in_use_bytes} B of it counted in use already"
                         if self.pinned_in_use_bytes
@@ -130,6 +138,7 @@ class PageCacheBudget:
             "pinned_in_use_bytes": self.pinned_in_use_bytes,
             "pin_bytes": self.pin_bytes,
             "pin_images": self.pin_images,
+            "row_room_bytes": self.row_room_bytes,
             "copy_threads": self.copy_threads,
             "reserved_bytes": self.reserved_bytes,
             "safety_margin_bytes": self.safety_margin_bytes,
@@ -169,9 +178,10 @@ def derive_budget(
     pinned_in_use: int = 0,
     pin_images: int = 1,
     reserved: int = 0,
+    row_room: int = 0,
 ) -> PageCacheBudget:
-    """``B_pc = max(0, limit - in_use - copy_threads * pin_images * pin_bytes - reserved -
-    margin)`` and ``X`` in it.
+    """``B_pc = max(0, limit - in_use - copy_threads * (pin_images * pin_bytes + row_room) -
+    reserved - margin)`` and ``X`` in it.
 
     ``pinned_in_use``: pinned bytes already allocated and counted in ``limit.in_use_bytes``
     (a running store reads its limit after allocating its buffers); only the rest of the
@@ -179,7 +189,7 @@ def derive_budget(
     claimed but not touched yet, so not in ``limit.in_use_bytes`` (see the module docstring).
     """
     margin = max(safety_margin, int(safety_fraction * limit.limit_bytes))
-    reservation = copy_threads * pin_images * pin_bytes
+    reservation = copy_threads * (pin_images * pin_bytes + row_room)
     pinned = max(0, reservation - pinned_in_use)
     reserved = max(0, reserved)
     budget = max(0, limit.limit_bytes - limit.in_use_bytes - pinned - reserved - margin)
@@ -196,6 +206,7 @@ def derive_budget(
         pinned_in_use_bytes=min(pinned_in_use, reservation),
         pin_images=pin_images,
         reserved_bytes=reserved,
+        row_room_bytes=row_room,
     )
 
 
@@ -206,6 +217,7 @@ def fixed_budget(
     copy_threads: int,
     knob_x: int | None = None,
     pin_images: int = 1,
+    row_room: int = 0,
 ) -> PageCacheBudget:
     """A budget the config states outright (``memory.page_cache_budget``): no derivation."""
     return PageCacheBudget(
@@ -219,4 +231,5 @@ def fixed_budget(
         safety_margin_bytes=0,
         knob_x_requested_bytes=knob_x,
         pin_images=pin_images,
+        row_room_bytes=row_room,
     )

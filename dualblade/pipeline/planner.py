@@ -126,6 +126,7 @@ def budget_for(
     pinned_in_use: int = 0,
     pin_images: int = 1,
     reserved: int = 0,
+    row_room: int = 0,
 ) -> PageCacheBudget:
     """The page-cache budget, from the first of: ``memory_limit`` (e.g. ``--memory-limit``),
     ``memory.page_cache_budget``, ``memory.limit``, or the limits discovered under ``root``.
@@ -133,7 +134,8 @@ def budget_for(
     ``pinned_in_use``: the pinned buffers' bytes already allocated by the caller (a running
     store). Discovered limits count them in use already, so they are not reserved again; a
     stated limit counts nothing in use, so the whole reservation is subtracted from it.
-    ``pin_images``: KPU images per copy thread's buffer (see :func:`pin_images_for`).
+    ``pin_images``: KPU images per copy thread's buffer (see :func:`pin_images_for`);
+    ``row_room``: the bytes each buffer holds beyond them (a CUDA copy thread's room for rows).
     ``reserved``: memory claimed but not touched yet, kept out of a derived budget (a stated
     ``page_cache_budget`` is taken as it is).
 
@@ -149,6 +151,7 @@ def budget_for(
             copy_threads=config.copy_threads,
             knob_x=memory.knob_x,
             pin_images=pin_images,
+            row_room=row_room,
         )
     stated = memory_limit if memory_limit is not None else memory.limit
     limit = (
@@ -164,6 +167,7 @@ def budget_for(
         knob_x=memory.knob_x,
         pin_images=pin_images,
         reserved=reserved,
+        row_room=row_room,
     )
 
 

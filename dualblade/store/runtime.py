@@ -150,15 +150,18 @@ def _budget_reader(
     pinned_in_use: int = 0,
     pin_images: int = 1,
     reserved: Callable[[], int] | None = None,
+    row_room: int = 0,
 ) -> Budget:
     """The budget now; ``pinned_in_use``: the copy threads' buffers, allocated already (a
     discovered limit counts them in use, so the plan must not reserve them again);
-    ``reserved``: asked at each reading how much memory is claimed but not touched yet."""
+    ``reserved``: asked at each reading how much memory is claimed but not touched yet;
+    ``row_room``: each buffer's bytes beyond its images."""
     derived = budget_for(
         config,
         memory_limit,
         pinned_in_use=pinned_in_use,
         pin_images=pin_images,
+        row_room=row_room,
         reserved=reserved() if reserved is not None else 0,
     )
     return Budget(
@@ -234,7 +237,8 @@ async def start_runtime(
         pin = pin_bytes(config)
         # With two images (CUDA) the buffer ends in room for appended rows (actors/row_staging.py)
         rows_aside = images > 1
-        size = images * pin + (ROW_STAGING_BYTES if rows_aside else 0)
+        row_room = ROW_STAGING_BYTES if rows_aside else 0
+        size = images * pin + row_room
         buffers = [AlignedBuffer(size) for _ in range(config.copy_threads)]
         if engine.kind == "io_uring" and not direct.passthrough:
             engine.register_buffers(buffers)
@@ -259,7 +263,12 @@ async def start_runtime(
         )
         budgeter = BudgeterActor(
             lambda: _budget_reader(
-                config, memory_limit, sum(b.size for b in buffers), images, reserved_memory
+                config,
+                memory_limit,
+                sum(b.size for b in buffers),
+                images,
+                reserved_memory,
+                row_room,
             ),
             interval=0 if fixed else budget_interval,
             tracer=tracer,

@@ -50,7 +50,9 @@ class StoreStats:
     #: the budget new contexts are planned against, and the memory limit it came from
     page_cache_budget_bytes: int
     memory_limit_bytes: int | None
-    pinned_bytes: int  # copy threads × M_pin, reserved out of the limit
+    #: the copy threads' pinned buffers (images, and room for rows on CUDA), reserved out of
+    #: the limit
+    pinned_bytes: int
     #: the ledger: bytes of page-cache files that live contexts hold now
     page_cache_placed_bytes: int
     open_contexts: int

@@ -187,3 +187,33 @@ def test_two_images_per_buffer_are_reserved_twice(tmp_path):
     )
     assert in_use.pinned_still_reserved_bytes == 0
     assert in_use.page_cache_bytes == 1 * GIB - 6 * pin_bytes(config)
+
+
+def test_the_room_for_rows_is_reserved_with_the_images(tmp_path):
+    """A CUDA copy thread's buffer ends in room for appended rows: the budget pays for it
+    beside the images, and says so."""
+    from dualblade.pipeline import budget_for, config_from_mapping, pin_bytes
+
+    def config(**memory: str):
+        return config_from_mapping(
+            {
+                "model": {"num_layers": 2, "hidden_size": 512, "num_heads": 8},
+                "workload": {"batch": 2, "prompt_len": 8, "max_new_tokens": 2},
+                "copy_threads": 3,
+                "memory": memory,
+                "storage": {"direct": {"kind": "file", "path": str(tmp_path / "d.kv")}},
+            },
+            source="test",
+            env={},
+        )
+
+    room = 2 * MIB + 8192
+    images = budget_for(config(), 1 * GIB, pin_images=2)
+    rows = budget_for(config(), 1 * GIB, pin_images=2, row_room=room)
+    assert rows.pinned_reservation_bytes == 3 * (2 * pin_bytes(config()) + room)
+    assert images.page_cache_bytes - rows.page_cache_bytes == 3 * room
+    assert rows.to_dict()["row_room_bytes"] == room
+    assert f"rows {room} B" in " ".join(t.note for t in rows.terms())
+    # A stated budget carries the room too, for the reservation it reports.
+    stated = budget_for(config(page_cache_budget="64MiB"), pin_images=2, row_room=room)
+    assert stated.pinned_reservation_bytes == rows.pinned_reservation_bytes

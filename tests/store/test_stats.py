@@ -80,3 +80,7 @@ async def test_a_discovered_budget_counts_the_pinned_buffers_once(make_config) -
     async with open_store(stated, device="cpu") as store:
         assert store.plan.budget.pinned_in_use_bytes == 0
         assert store.plan.budget.pinned_still_reserved_bytes == store.stats().pinned_bytes
+        # What the plan reserves is what the buffers take, to the byte (on CUDA: both images
+        # and the room for rows).
+        stats = store.stats()
+        assert store.plan.budget.pinned_reservation_bytes == stats.buffers * stats.buffer_bytes
