@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from dualblade.io_engine import LoopCaller
+from dualblade.io_engine import LoopCaller, named_thread
 
 #: Told, on the event loop, how a copy ended: ``None`` when it finished, else the error that
 #: waiting for it raised.
@@ -55,7 +55,7 @@ class DmaCompletions:
         self._pending: deque[_Watched] = deque()
         self._changed = threading.Condition()
         self._closing = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = named_thread(self._run, name)
         self.batches = 0  # calls onto the loop
         self.answered = 0  # copies answered
 

@@ -33,3 +33,5 @@ from dualblade.io_engine.targets import NvmeNamespace as NvmeNamespace
 from dualblade.io_engine.targets import PageCacheFile as PageCacheFile
 from dualblade.io_engine.targets import Target as Target
 from dualblade.io_engine.targets.direct_file import DIRECT_FILE_ALIGNMENT as DIRECT_FILE_ALIGNMENT
+from dualblade.io_engine.thread_names import name_os_thread as name_os_thread
+from dualblade.io_engine.thread_names import named_thread as named_thread

@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from time import perf_counter
 from typing import Any, TypeVar
 
-from dualblade.io_engine import _fixed_buffers, _liburing, opcodes
+from dualblade.io_engine import _fixed_buffers, _liburing, opcodes, thread_names
 from dualblade.io_engine._chunk_pump import PUMP_TAG, ChunkPump
 from dualblade.io_engine._cqe_reaper import PlainReaper
 from dualblade.io_engine._fixed_buffers import FixedBufferTable
@@ -95,7 +95,7 @@ class Ring:
         self.setup_flags = 0
         self._setup_done = threading.Event()
         self._setup_error: list[BaseException] = []  # filled by the ring thread
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = thread_names.named_thread(self._run, name)
         self._thread.start()
         self._setup_done.wait()
         if self._setup_error:

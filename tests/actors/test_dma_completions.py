@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sys
 import threading
+from pathlib import Path
 
 import anyio
 import pytest
@@ -20,12 +22,15 @@ class FakeEvent:
         self._done = threading.Event()
         self._error = error
         self.waited_on_thread: str | None = None
+        self.kernel_name: str | None = None  # the waiting thread's name in the kernel (Linux)
 
     def finish(self) -> None:
         self._done.set()
 
     def synchronize(self) -> None:
         self.waited_on_thread = threading.current_thread().name
+        comm = Path(f"/proc/self/task/{threading.get_native_id()}/comm")
+        self.kernel_name = comm.read_text().strip() if comm.exists() else None
         self._done.wait()
         if self._error is not None:
             raise self._error
@@ -61,6 +66,8 @@ async def test_answers_in_queue_order_on_the_loop_thread() -> None:
     assert [index for index, _, _ in seen] == [0, 1, 2, 3, 4]
     assert all(error is None and thread is loop_thread for _, error, thread in seen)
     assert all(event.waited_on_thread == "test-completions" for event in events[:1])
+    if sys.platform.startswith("linux"):  # tools outside Python see the name too
+        assert events[0].kernel_name == "test-completions"[:15]
 
 
 async def test_copies_already_finished_are_answered_in_one_batch() -> None:
