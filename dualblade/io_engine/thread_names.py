@@ -35,7 +35,7 @@ def name_os_thread(name: str) -> bool:
     if not sys.platform.startswith("linux"):
         return False
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = ctypes.CDLL(None)
         prctl = libc.prctl
     except (OSError, AttributeError):
         return False

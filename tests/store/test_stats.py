@@ -84,3 +84,20 @@ async def test_a_discovered_budget_counts_the_pinned_buffers_once(make_config) -
         # and the room for rows).
         stats = store.stats()
         assert store.plan.budget.pinned_reservation_bytes == stats.buffers * stats.buffer_bytes
+
+
+async def test_the_plan_reserves_the_room_for_rows_as_a_cuda_store_allocates_it(
+    make_config, monkeypatch
+) -> None:
+    """A CUDA store's buffers hold two images and then room for appended rows: the reservation
+    a stated limit subtracts is what they take, room included. The store's image count is set
+    as CUDA's here, so the check runs without a GPU."""
+    import dualblade.store.runtime as runtime
+
+    monkeypatch.setattr(runtime, "pin_images_for", lambda device_type: 2)
+    stated = make_config("direct", memory={"limit": "4GiB"})
+    async with open_store(stated, device="cpu") as store:
+        budget, stats = store.plan.budget, store.stats()
+        assert budget.pin_images == 2
+        assert budget.row_room_bytes > 0
+        assert budget.pinned_reservation_bytes == stats.buffers * stats.buffer_bytes
