@@ -164,11 +164,12 @@ def _check(data: Any, kind: str, layer: int, read: Any, step: int) -> None:
     import torch
 
     from dualblade.bench.kv_workload import VerificationError
+    from dualblade.bench.row_sample import sampled_rows
 
     prompt = data.prompt
-    picked = sorted({0, prompt - 1, *range(0, prompt, 61)})
-    want = data.prompt_rows(kind, layer, picked).view(data.int_dtype)
-    if not torch.equal(read[picked].cpu().view(data.int_dtype), want):
+    want = data.sampled_prompt_rows(kind, layer, prompt)
+    got = read.index_select(0, sampled_rows(prompt, str(read.device))).cpu()
+    if not torch.equal(got.view(data.int_dtype), want):
         raise VerificationError(f"layer {layer} {kind}: a prompt row read back wrong")
     appended = read.shape[0] - prompt
     for row in {appended - 1, step % appended} if appended > 0 else ():

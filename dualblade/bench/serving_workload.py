@@ -30,13 +30,13 @@ import anyio
 import torch
 
 from dualblade.bench.kv_workload import VerificationError
+from dualblade.bench.row_sample import sampled_rows
 from dualblade.bench.serving_requests import RequestSpec
 from dualblade.errors import plain_errors
 from dualblade.models import LayerWalk
 from dualblade.store import KVContext, KVStore, ReadBuffers, torch_dtype
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-SAMPLE_STRIDE = 61
 #: Seconds between residency samples.
 SAMPLE_INTERVAL = 0.1
 
@@ -55,6 +55,8 @@ class ServingKV:
 
         self.base = {"K": base(max_prompt), "V": base(max_prompt)}
         self.row_base = {"K": base(1), "V": base(1)}
+        #: the base rows a sampled check compares, per (kind, prompt rows, batch): gathered once
+        self._sampled_base: dict[tuple[str, int, int], torch.Tensor] = {}
 
     @staticmethod
     def _code(request: int, layer: int, step: int | None) -> int:
@@ -62,13 +64,9 @@ class ServingKV:
             return (request * 131 + layer + 1) & 0x7F
         return (0x55 + 7 * (layer + 1) + 131 * (step + 1) + 29 * request) & 0x7F
 
-    def prompt_rows(
-        self, kind: str, request: RequestSpec, layer: int, rows: list[int] | None = None
-    ) -> torch.Tensor:
-        """The prompt rows (all, or those picked) of ``kind`` for the request's ``layer``."""
+    def prompt_rows(self, kind: str, request: RequestSpec, layer: int) -> torch.Tensor:
+        """The prompt rows of ``kind`` for the request's ``layer``."""
         base = self.base[kind][: request.prompt_len, : request.batch]
-        if rows is not None:
-            base = base[rows]
         code = self._code(request.index, layer, None)
         return torch.bitwise_xor(base, code).contiguous().view(self.dtype)
 
@@ -85,10 +83,16 @@ class ServingKV:
             VerificationError: a checked row differs.
         """
         prompt = min(read.shape[0], request.prompt_len)
-        picked = sorted({0, prompt - 1, *range(0, prompt, SAMPLE_STRIDE)})
-        want = self.prompt_rows(kind, request, layer, picked)
-        got = read[picked].cpu()
-        if not torch.equal(got.view(self.int_dtype), want.view(self.int_dtype)):
+        key = (kind, prompt, request.batch)
+        base = self._sampled_base.get(key)
+        if base is None:
+            rows = sampled_rows(prompt)
+            base = self._sampled_base[key] = self.base[kind][:, : request.batch].index_select(
+                0, rows
+            )
+        want = torch.bitwise_xor(base, self._code(request.index, layer, None))
+        got = read.index_select(0, sampled_rows(prompt, str(read.device))).cpu()
+        if not torch.equal(got.view(self.int_dtype), want):
             raise VerificationError(
                 f"request {request.index} layer {layer} {kind}: a prompt row read back wrong"
             )

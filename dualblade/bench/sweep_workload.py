@@ -27,6 +27,7 @@ import anyio
 import torch
 
 from dualblade.bench.kv_workload import VerificationError
+from dualblade.bench.row_sample import sampled_rows
 from dualblade.errors import plain_errors
 from dualblade.models import LayerWalk
 from dualblade.pipeline import PipelineConfig, decode_read_buffers
@@ -35,9 +36,6 @@ from dualblade.store import KVContext, KVStore, ReadBuffers, torch_dtype
 Verify = Literal["sample", "full"]
 
 _INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-#: Stride between the prompt rows checked in sample mode (prime: it walks across LBA boundaries).
-SAMPLE_STRIDE = 61
 
 
 @dataclass
@@ -84,6 +82,8 @@ class DerivedKV:
 
         self.base = {"K": base(prompt), "V": base(prompt)}
         self.row_base = {"K": base(1), "V": base(1)}
+        #: the base rows a sampled check compares, per (kind, prompt rows): gathered once
+        self._sampled_base: dict[tuple[str, int], torch.Tensor] = {}
 
     def _code(self, layer: int, step: int | None) -> int:
         # Prompt rows: layer + 1 (1..L); appended rows: a different value for every (layer, step).
@@ -100,6 +100,15 @@ class DerivedKV:
         """The row decode step ``step`` appends to ``layer``."""
         return torch.bitwise_xor(self.row_base[kind], self._code(layer, step)).view(self.dtype)
 
+    def sampled_prompt_rows(self, kind: str, layer: int, prompt: int) -> torch.Tensor:
+        """The prompt rows of ``kind`` for ``layer`` that a sampled check of ``prompt`` rows
+        compares (:func:`.row_sample.sampled_rows`), in the integer dtype."""
+        key = (kind, prompt)
+        base = self._sampled_base.get(key)
+        if base is None:
+            base = self._sampled_base[key] = self.base[kind].index_select(0, sampled_rows(prompt))
+        return torch.bitwise_xor(base, self._code(layer, None))
+
     def check(self, kind: str, layer: int, read: torch.Tensor, verify: Verify) -> int:
         """Compare a read of rows ``[0, len(read))`` with what was written; returns the bytes
         compared.
@@ -109,17 +118,17 @@ class DerivedKV:
         """
         rows = read.shape[0]
         prompt_rows = min(rows, self.prompt)
-        if verify == "full":
-            picked = list(range(prompt_rows))
-        else:
-            picked = sorted({0, prompt_rows - 1, *range(0, prompt_rows, SAMPLE_STRIDE)})
         checked = 0
-        expected = self.prompt_rows(kind, layer, picked)
         # Only the checked rows cross to the host: a whole GPU layer copied to pageable memory
         # on the event loop's thread stalled every transfer in flight for tens of milliseconds.
-        got = read[picked].cpu()
+        if verify == "full":
+            expected = self.prompt_rows(kind, layer, slice(0, prompt_rows)).view(self.int_dtype)
+            got = read[:prompt_rows].cpu()
+        else:
+            expected = self.sampled_prompt_rows(kind, layer, prompt_rows)
+            got = read.index_select(0, sampled_rows(prompt_rows, str(read.device))).cpu()
         appended = read[self.prompt :].cpu()
-        if not torch.equal(got.view(self.int_dtype), expected.view(self.int_dtype)):
+        if not torch.equal(got.view(self.int_dtype), expected):
             raise VerificationError(f"layer {layer} {kind}: a prompt row read back wrong")
         checked += got.numel() * got.element_size()
         for step in range(appended.shape[0]):
