@@ -1,8 +1,10 @@
-"""Kernel UAPI layouts and constants for io_uring, NVMe passthrough and block ioctls (ABI only).
+"""Kernel UAPI layouts and constants for io_uring, NVMe passthrough, block ioctls and
+``cachestat`` (ABI only).
 
-Field names and offsets follow ``include/uapi/linux/io_uring.h`` and
-``include/uapi/linux/nvme_ioctl.h``; ``tests/io_engine/test_abi.py`` pins every size and offset
-the rest of the package relies on. Nothing here does I/O.
+Field names and offsets follow ``include/uapi/linux/io_uring.h``,
+``include/uapi/linux/nvme_ioctl.h`` and ``include/uapi/linux/mman.h``;
+``tests/io_engine/test_abi.py`` pins every size and offset the rest of the package relies on.
+Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -239,3 +241,25 @@ NVME_URING_CMD_ADMIN: Final = iowr(_NVME, 0x82, ctypes.sizeof(NvmeUringCmd))
 BLKSSZGET: Final = io(0x12, 104)
 BLKDISCARD: Final = io(0x12, 119)
 BLKGETSIZE64: Final = ior(0x12, 114, ctypes.sizeof(ctypes.c_size_t))
+
+# --- cachestat(2) (linux/mman.h) ---------------------------------------------------------------
+#: ``__NR_cachestat``: the same number on every architecture Linux added it to (6.5)
+NR_CACHESTAT: Final = 451
+
+
+class CachestatRange(ctypes.Structure):
+    """``struct cachestat_range``: the bytes asked about (rounded out to whole pages)."""
+
+    _fields_ = (("off", ctypes.c_uint64), ("len", ctypes.c_uint64))
+
+
+class Cachestat(ctypes.Structure):
+    """``struct cachestat``: the range's pages in the page cache, and their states."""
+
+    _fields_ = (
+        ("nr_cache", ctypes.c_uint64),
+        ("nr_dirty", ctypes.c_uint64),
+        ("nr_writeback", ctypes.c_uint64),
+        ("nr_evicted", ctypes.c_uint64),
+        ("nr_recently_evicted", ctypes.c_uint64),
+    )

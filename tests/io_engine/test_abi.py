@@ -22,6 +22,8 @@ from dualblade.io_engine import _liburing, _uapi, nvme, opcodes
         (_uapi.NvmePassthruCmd, 72),
         (_uapi.NvmeDsmRange, 16),
         (_uapi.Iovec, 16),
+        (_uapi.CachestatRange, 16),
+        (_uapi.Cachestat, 40),
     ],
 )
 def test_struct_sizes(struct: type[ctypes.Structure], size: int) -> None:

@@ -246,16 +246,23 @@ class PageCacheFile(Target):
             mapping.release()
 
     def resident_bytes(self, offset: int, length: int) -> int:
-        """Bytes of ``[offset, offset + length)`` now in the page cache (``mincore``).
+        """Bytes of ``[offset, offset + length)`` now in the page cache.
 
         This is how dualblade measures its page-cache hit rate: a read's resident bytes just
-        before it is issued are its hits.
+        before it is issued are its hits. Counted by ``cachestat`` where the kernel has it (a
+        few microseconds from the descriptor: see ``_cachestat``), else by ``mincore`` through
+        the file's mapping (about 0.6 ms per 33 MiB).
         """
+        from dualblade.io_engine._cachestat import cached_bytes
         from dualblade.io_engine._libc import mincore_resident
 
+        length = min(length, self.size - offset)
         if length <= 0:
             return 0
-        return mincore_resident(self.mmap(), offset, min(length, self.size - offset))
+        counted = cached_bytes(self.fd, offset, length)
+        if counted is not None:
+            return counted
+        return mincore_resident(self.mmap(), offset, length)
 
     def trim_blocking(self, offset: int, length: int) -> None:
         from dualblade.io_engine import _uapi
