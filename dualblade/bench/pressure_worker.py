@@ -164,11 +164,11 @@ def _check(data: Any, kind: str, layer: int, read: Any, step: int) -> None:
     import torch
 
     from dualblade.bench.kv_workload import VerificationError
-    from dualblade.bench.row_sample import sampled_rows
+    from dualblade.bench.row_sample import sampled_from
 
     prompt = data.prompt
     want = data.sampled_prompt_rows(kind, layer, prompt)
-    got = read.index_select(0, sampled_rows(prompt, str(read.device))).cpu()
+    got = sampled_from(read, prompt)
     if not torch.equal(got.view(data.int_dtype), want):
         raise VerificationError(f"layer {layer} {kind}: a prompt row read back wrong")
     appended = read.shape[0] - prompt

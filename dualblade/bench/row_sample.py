@@ -40,3 +40,10 @@ def sampled_rows(prompt: int, device: str = "cpu") -> torch.Tensor:
     """:func:`sampled_row_list` as an index tensor on ``device``, made once per
     ``(prompt, device)`` and shared: callers pass it to ``index_select`` and never write it."""
     return torch.tensor(sampled_row_list(prompt), dtype=torch.long, device=device)
+
+
+def sampled_from(read: torch.Tensor, prompt: int) -> torch.Tensor:
+    """The sampled prompt rows of ``read`` (its first dimension), on the host: only they cross
+    from a GPU (a whole layer copied to pageable memory on the event loop's thread stalled
+    every transfer in flight for tens of milliseconds)."""
+    return read.index_select(0, sampled_rows(prompt, str(read.device))).cpu()

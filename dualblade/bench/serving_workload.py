@@ -30,7 +30,7 @@ import anyio
 import torch
 
 from dualblade.bench.kv_workload import VerificationError
-from dualblade.bench.row_sample import sampled_rows
+from dualblade.bench.row_sample import sampled_from, sampled_rows
 from dualblade.bench.serving_requests import RequestSpec
 from dualblade.errors import plain_errors
 from dualblade.models import LayerWalk
@@ -91,7 +91,7 @@ class ServingKV:
                 0, rows
             )
         want = torch.bitwise_xor(base, self._code(request.index, layer, None))
-        got = read.index_select(0, sampled_rows(prompt, str(read.device))).cpu()
+        got = sampled_from(read, prompt)
         if not torch.equal(got.view(self.int_dtype), want):
             raise VerificationError(
                 f"request {request.index} layer {layer} {kind}: a prompt row read back wrong"

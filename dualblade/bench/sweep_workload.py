@@ -27,7 +27,7 @@ import anyio
 import torch
 
 from dualblade.bench.kv_workload import VerificationError
-from dualblade.bench.row_sample import sampled_rows
+from dualblade.bench.row_sample import sampled_from, sampled_rows
 from dualblade.errors import plain_errors
 from dualblade.models import LayerWalk
 from dualblade.pipeline import PipelineConfig, decode_read_buffers
@@ -119,14 +119,12 @@ class DerivedKV:
         rows = read.shape[0]
         prompt_rows = min(rows, self.prompt)
         checked = 0
-        # Only the checked rows cross to the host: a whole GPU layer copied to pageable memory
-        # on the event loop's thread stalled every transfer in flight for tens of milliseconds.
         if verify == "full":
             expected = self.prompt_rows(kind, layer, slice(0, prompt_rows)).view(self.int_dtype)
             got = read[:prompt_rows].cpu()
         else:
             expected = self.sampled_prompt_rows(kind, layer, prompt_rows)
-            got = read.index_select(0, sampled_rows(prompt_rows, str(read.device))).cpu()
+            got = sampled_from(read, prompt_rows)
         appended = read[self.prompt :].cpu()
         if not torch.equal(got.view(self.int_dtype), expected):
             raise VerificationError(f"layer {layer} {kind}: a prompt row read back wrong")

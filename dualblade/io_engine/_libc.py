@@ -7,6 +7,8 @@ import ctypes.util
 import mmap
 import os
 
+from dualblade.io_engine import _uapi
+
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.fallocate.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
 _libc.fallocate.restype = ctypes.c_int
@@ -56,3 +58,23 @@ def mincore_resident(mapping: mmap.mmap, offset: int, length: int) -> int:
     if flags[-1] & 1:
         resident -= start + pages * page - end
     return resident
+
+
+_libc.syscall.restype = ctypes.c_long
+
+
+def cachestat_pages(fd: int, start: int, length: int) -> int:
+    """``cachestat(2)`` (Linux 6.5): how many of the pages covering ``[start, start + length)``
+    of ``fd`` are in the page cache. glibc has no wrapper: called by its syscall number.
+
+    Raises:
+        OSError: with the errno the kernel reported (``ENOSYS`` where it has no cachestat).
+    """
+    span = _uapi.CachestatRange(start, length)
+    stat = _uapi.Cachestat()
+    number = ctypes.c_long(_uapi.NR_CACHESTAT)
+    flags = ctypes.c_uint(0)
+    if _libc.syscall(number, ctypes.c_int(fd), ctypes.byref(span), ctypes.byref(stat), flags):
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return int(stat.nr_cache)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import os
@@ -84,16 +83,15 @@ def test_a_partly_cached_range_counts_only_its_own_bytes(written: tuple[int, mma
 
 
 class _Refusing:
-    """A libc whose syscall fails with ``code``, as a kernel or a seccomp policy would."""
+    """``cachestat_pages`` failing with ``code``, as a kernel or a seccomp policy would."""
 
     def __init__(self, code: int) -> None:
         self.code = code
         self.calls = 0
 
-    def syscall(self, *_args: object) -> int:
+    def __call__(self, *_args: object) -> int:
         self.calls += 1
-        ctypes.set_errno(self.code)
-        return -1
+        raise OSError(self.code, os.strerror(self.code))
 
 
 @pytest.mark.parametrize("code", [errno.ENOSYS, errno.EPERM])
@@ -101,7 +99,7 @@ def test_a_refused_call_is_not_asked_again_and_mincore_answers(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, code: int
 ) -> None:
     refusing = _Refusing(code)
-    monkeypatch.setattr(_cachestat, "_libc", refusing)
+    monkeypatch.setattr(_cachestat, "cachestat_pages", refusing)
     monkeypatch.setattr(_cachestat, "_usable", True)
     file = PageCacheFile(tmp_path / "f", 8 * PAGE)
     try:
@@ -117,7 +115,7 @@ def test_a_refused_call_is_not_asked_again_and_mincore_answers(
 def test_a_file_system_without_it_falls_back_for_that_call_only(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(_cachestat, "_libc", _Refusing(errno.EOPNOTSUPP))
+    monkeypatch.setattr(_cachestat, "cachestat_pages", _Refusing(errno.EOPNOTSUPP))
     monkeypatch.setattr(_cachestat, "_usable", True)
     assert _cachestat.cached_bytes(0, 0, PAGE) is None
     assert _cachestat._usable
