@@ -46,7 +46,7 @@ from dualblade.io_engine import AlignedBuffer, StorageSlots
 from dualblade.telemetry import NULL_TRACER, Tracer
 
 #: Transfers a copy thread runs at once: on the host most never touch its buffer (loads land in
-#: the caller's memory), so four; with CUDA two, each in an image of the buffer (docs/bench.md).
+#: the caller's memory), so four; with CUDA one per image of the buffer, two at most.
 HOST_TRANSFERS, CUDA_TRANSFERS = 4, 2
 
 
@@ -96,10 +96,13 @@ class CopyThreadActor(Actor[CopyMessage]):
         #: the room for rows, where small stores run without a lease (None: none)
         self.rows = row_staging.RowStaging(images * self.image_bytes) if rows_aside else None
         self.piece_bytes = transfer_pieces.piece_bytes_for(
-            cuda=dma.cuda, images=images, image_bytes=self.image_bytes
+            cuda=dma.cuda, image_bytes=self.image_bytes
         )
+        #: Each transfer has an image to itself with CUDA (read and copy chained there) or two
+        #: images: one image runs one transfer at a time, the other threads keep storage busy.
+        self._own_images = dma.cuda or images > 1
         #: Transfers at once: the tail of one overlaps the head of the next (see above).
-        self.max_transfers = CUDA_TRANSFERS if dma.cuda else HOST_TRANSFERS
+        self.max_transfers = min(CUDA_TRANSFERS, images) if self._own_images else HOST_TRANSFERS
         self._slots = anyio.Semaphore(self.max_transfers)
         self._free_images = list(range(images))
         self._chained: set[ChainedLoad] = set()  # CUDA loads in flight with no task
@@ -135,10 +138,9 @@ class CopyThreadActor(Actor[CopyMessage]):
             self._task_group.start_soon(self.rows.run, message, self._answered)
             return
         await self._slots.acquire()
-        # with two images each transfer in flight has one of its own
-        image = self._free_images.pop() if self.images > 1 else 0
+        image = self._free_images.pop() if self._own_images else 0
         try:
-            if self.images > 1 and self._start_chained(message, image):
+            if self._own_images and self._start_chained(message, image):
                 return
         except BaseException:
             self._release(image)
@@ -146,7 +148,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         self._task_group.start_soon(self._transfer, message, image)
 
     def _release(self, image: int) -> None:
-        if self.images > 1:
+        if self._own_images:
             self._free_images.append(image)
         self._slots.release()
 
@@ -290,7 +292,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         Returns when the last read finished."""
         pieces = split_pieces(message.span, message.view, self.piece_bytes)
         limiter = self.gate.limiter_for(message.span.path)
-        if len(pieces) == 1 and self.images > 1:
+        if len(pieces) == 1 and self._own_images:
             # CUDA's common case: one piece, in an image of this transfer's own (its room is
             # never waited for), so its read waits for the storage slot in the engine, where
             # the read before it hands the slot on from the ring thread (StorageSlots).
