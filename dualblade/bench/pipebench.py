@@ -40,7 +40,7 @@ from dualblade.io_engine import (
     fio_path,
     run_fio,
 )
-from dualblade.pipeline import KpuExtent, PipelineConfig, pin_bytes, pin_images_for
+from dualblade.pipeline import KpuExtent, PipelineConfig, pin_bytes
 from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
 
@@ -272,7 +272,7 @@ async def run_pipebench(
                     store.pinned_buffers(),
                     pin_bytes(direct_config),
                     store.device,
-                    pin_images_for(store.device.type),
+                    store.pin_images,
                 )
                 gate = StorageSlots(threads)  # the overlap gate's direct slots under Intra
                 sides["raw_host"] = sides["raw"]

@@ -73,6 +73,7 @@ from dualblade.pipeline.planner import layer_page_cache_bytes as layer_page_cach
 from dualblade.pipeline.planner import make_plan as make_plan
 from dualblade.pipeline.planner import pin_bytes as pin_bytes
 from dualblade.pipeline.planner import pin_images_for as pin_images_for
+from dualblade.pipeline.planner import pin_images_in_plan as pin_images_in_plan
 from dualblade.pipeline.planner import tensor_layout as tensor_layout
 from dualblade.pipeline.read_ahead import ReadAhead as ReadAhead
 from dualblade.pipeline.read_ahead import decode_read_buffers as decode_read_buffers

@@ -100,15 +100,55 @@ def pin_bytes(config: PipelineConfig) -> int:
 
 
 def pin_images_for(device_type: str) -> int:
-    """KPU images per copy thread's pinned buffer on a device of this type.
+    """The most KPU images a copy thread's pinned buffer has a use for on a device of this type.
 
     On CUDA a KPU leaves the buffer by a GPU copy that is answered a few hundred microseconds
     after the read: with one image the next read waits that long, with two it goes on in the
     other image (the H200 machine's pipebench: see docs/pipeline-profile.md). On the host path
     direct loads land in the caller's read buffers and the pinned buffer only stages stores and
     unaligned loads: a second image would be memory taken from the page cache for nothing.
+    :func:`pin_images_in_plan` says whether the second image is worth its memory.
     """
     return 2 if device_type == "cuda" else 1
+
+
+def pin_images_in_plan(
+    config: PipelineConfig,
+    device_type: str,
+    memory_limit: int | None = None,
+    *,
+    row_room: int = 0,
+    root: Path = Path("/"),
+) -> int:
+    """KPU images per copy thread's buffer for a store of ``config``: :func:`pin_images_for`,
+    less one where the second image's memory would keep a layer of the config's context out of
+    the page cache.
+
+    Why: the second image only hides the wait for a GPU copy (milliseconds per KPU read). Where
+    the budget leaves layers on the direct path, the decode is bound by the disk's read of those
+    layers (docs/bench.md: 1.03 of its floor at 4 GiB on the GPU machine), and a copy thread's
+    second image (one KPU, 136 MB for OPT-6.7B at batch 32) would hold its share of a layer in the
+    page cache instead. So one image wherever one image places more layers in the page cache;
+    two where the whole context fits either way, or where no budget moves a layer (the direct
+    policy). ``row_room``: each buffer's bytes beyond its images.
+
+    Raises:
+        MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
+    """
+    most = pin_images_for(device_type)
+    if most == 1:
+        return 1
+    layer_bytes = layer_page_cache_bytes(config)
+    order = page_cache_order(len(layer_bytes), config.page_cache_layers)
+
+    def page_cache_layers(images: int) -> int:
+        budget = budget_for(config, memory_limit, root, pin_images=images, row_room=row_room)
+        placement = place_layers(
+            config.policy, layer_bytes, budget.page_cache_bytes, budget.knob_x_bytes, order
+        )
+        return len(placement.page_cache)
+
+    return 1 if page_cache_layers(1) > page_cache_layers(most) else most
 
 
 def layer_page_cache_bytes(config: PipelineConfig) -> list[int]:

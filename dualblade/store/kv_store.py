@@ -286,6 +286,12 @@ class KVStore:
         reads into, and only while no transfer runs."""
         return list(self.runtime.buffers)
 
+    @property
+    def pin_images(self) -> int:
+        """KPU images in each pinned buffer: two on CUDA unless the second's memory would keep
+        a layer out of the page cache (``pipeline.pin_images_in_plan``)."""
+        return self.runtime.pin_images
+
     async def raw_direct_read(
         self,
         buffer: AlignedBuffer,

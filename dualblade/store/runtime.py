@@ -47,6 +47,7 @@ from dualblade.pipeline import (
     make_plan,
     pin_bytes,
     pin_images_for,
+    pin_images_in_plan,
 )
 from dualblade.store.copy_thread_pool import CopyThreadPool
 from dualblade.store.direct_target import open_direct_target
@@ -72,6 +73,8 @@ class Runtime:
     gate: OverlapGate
     pool: CopyThreadPool
     buffers: list[AlignedBuffer]
+    #: KPU images in each buffer (``pipeline.pin_images_in_plan``)
+    pin_images: int
     tracer: Tracer
     metrics: Metrics
     counters: PathCounters
@@ -233,11 +236,12 @@ async def start_runtime(
         reclaimed = await reclaim_predecessors(
             engine, direct, first_lba, n_blocks, folder.path.parent
         )
-        images = pin_images_for(device.type)
-        pin = pin_bytes(config)
-        # With two images (CUDA) the buffer ends in room for appended rows (actors/row_staging.py)
-        rows_aside = images > 1
+        # Where a second image has a use (CUDA), the buffer ends in room for appended rows
+        # (actors/row_staging.py), with one image or two
+        rows_aside = pin_images_for(device.type) > 1
         row_room = ROW_STAGING_BYTES if rows_aside else 0
+        images = pin_images_in_plan(config, device.type, memory_limit, row_room=row_room)
+        pin = pin_bytes(config)
         size = images * pin + row_room
         buffers = [AlignedBuffer(size) for _ in range(config.copy_threads)]
         if engine.kind == "io_uring" and not direct.passthrough:
@@ -302,6 +306,7 @@ async def start_runtime(
                     gate=gate,
                     pool=CopyThreadPool(threads, per_thread=threads[0].max_transfers),
                     buffers=buffers,
+                    pin_images=images,
                     tracer=tracer,
                     metrics=Metrics(),
                     counters=PathCounters(),

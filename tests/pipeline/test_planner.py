@@ -16,6 +16,7 @@ from dualblade.pipeline import (
     make_plan,
     page_cache_order,
     pin_bytes,
+    pin_images_in_plan,
     plan_slice,
 )
 
@@ -144,3 +145,46 @@ def test_the_embedded_default_sizes_its_direct_file_to_the_plan():
     plan = make_plan(config, budget_for(config, 2 << 30))
     assert len(plan.lba_map) == 2 * 24
     assert plan.lba_map.used_blocks * 4096 > 256 << 20  # the old fixed extent's size
+
+
+ROWS = 64 << 20  # a CUDA buffer's room for rows beyond its images
+
+
+def _page_cache_layers(config, limit, images):
+    budget = budget_for(config, limit, pin_images=images, row_room=ROWS)
+    return len(make_plan(config, budget).placement.page_cache)
+
+
+@pytest.mark.parametrize("gib", [3, 4, 6, 8, 9, 10, 11, 12, 16])
+def test_one_image_where_it_buys_a_page_cache_layer(gib):
+    """On CUDA a second image per copy thread is kept unless its memory (one KPU per thread)
+    would hold another layer of the context in the page cache: the dual plan at each limit
+    takes the image count under which more layers are in the page cache, two on a tie."""
+    limit = gib << 30
+    one, two = (_page_cache_layers(PAPER, limit, n) for n in (1, 2))
+    images = pin_images_in_plan(PAPER, "cuda", limit, row_room=ROWS)
+    assert images == (1 if one > two else 2)
+    budget = budget_for(PAPER, limit, pin_images=images, row_room=ROWS)
+    assert len(make_plan(PAPER, budget).placement.page_cache) == max(one, two)
+
+
+def test_the_paper_below_its_working_set_takes_one_image_and_above_it_two():
+    """The decisions the GPU machine's sweep meets (OPT-6.7B, batch 32): below the 8.7 GB
+    working set a limit's page cache gains layers from one image; once every layer fits with
+    two, two stay."""
+    assert pin_images_in_plan(PAPER, "cuda", 4 << 30, row_room=ROWS) == 1
+    assert _page_cache_layers(PAPER, 4 << 30, 1) > _page_cache_layers(PAPER, 4 << 30, 2)
+    assert pin_images_in_plan(PAPER, "cuda", 16 << 30, row_room=ROWS) == 2
+    assert _page_cache_layers(PAPER, 16 << 30, 2) == PAPER.shape().num_layers
+
+
+def test_no_budget_no_reason_for_one_image():
+    """Policies whose placement no budget moves keep both images: the memory buys nothing."""
+    for policy in ("direct", "baseline"):
+        config = _with(PAPER, policy=policy)
+        assert pin_images_in_plan(config, "cuda", 4 << 30, row_room=ROWS) == 2
+
+
+def test_a_host_store_has_one_image():
+    assert pin_images_in_plan(PAPER, "cpu", 4 << 30) == 1
+    assert pin_images_in_plan(PAPER, "cpu", 64 << 30) == 1

@@ -95,6 +95,7 @@ async def test_the_plan_reserves_the_room_for_rows_as_a_cuda_store_allocates_it(
     import dualblade.store.runtime as runtime
 
     monkeypatch.setattr(runtime, "pin_images_for", lambda device_type: 2)
+    monkeypatch.setattr(runtime, "pin_images_in_plan", lambda *args, **kwargs: 2)
     stated = make_config("direct", memory={"limit": "4GiB"})
     async with open_store(stated, device="cpu") as store:
         budget, stats = store.plan.budget, store.stats()
