@@ -102,3 +102,45 @@ async def test_the_plan_reserves_the_room_for_rows_as_a_cuda_store_allocates_it(
         assert budget.pin_images == 2
         assert budget.row_room_bytes > 0
         assert budget.pinned_reservation_bytes == stats.buffers * stats.buffer_bytes
+
+
+async def test_a_cuda_store_takes_one_image_where_the_second_would_cost_a_page_cache_layer(
+    make_config, monkeypatch
+) -> None:
+    """The store sizes its buffers by ``pin_images_in_plan``: under a stated limit where the
+    second image's memory would keep a layer out of the page cache it allocates one image (and
+    the room for rows), reserves one, and its plan holds the layers one image leaves room for;
+    under a limit where every layer fits with two it keeps two. CUDA's image count is set here,
+    so the check runs without a GPU."""
+    import dualblade.pipeline.planner as planner
+    import dualblade.store.runtime as runtime
+    from dualblade.pipeline import budget_for, make_plan, pin_images_in_plan
+
+    monkeypatch.setattr(runtime, "pin_images_for", lambda device_type: 2)
+    monkeypatch.setattr(planner, "pin_images_for", lambda device_type: 2)
+    base = make_config("dual", memory={"limit": "4GiB", "safety_margin": "0"})
+    rows = runtime.ROW_STAGING_BYTES
+    layers = len(make_plan(base, budget_for(base, None, pin_images=2)).placement.page_cache)
+    assert layers == base.shape().num_layers  # 4 GiB holds all: two images
+
+    def page_cache_layers(config, images):
+        budget = budget_for(config, None, pin_images=images, row_room=rows)
+        return len(make_plan(config, budget).placement.page_cache)
+
+    # the smallest limit (in steps of 64 KiB) at which one image holds more layers than two
+    tight = None
+    for step in range(1, 4096):
+        config = make_config("dual", memory={"limit": step << 16, "safety_margin": "0"})
+        if page_cache_layers(config, 1) > page_cache_layers(config, 2):
+            tight = config
+            break
+    assert tight is not None
+    assert pin_images_in_plan(tight, "cuda", row_room=rows) == 1
+    async with open_store(tight, device="cpu") as store:
+        budget, stats = store.plan.budget, store.stats()
+        assert store.pin_images == budget.pin_images == 1
+        assert stats.buffer_bytes == budget.pin_bytes + budget.row_room_bytes
+        assert len(store.plan.placement.page_cache) == page_cache_layers(tight, 1)
+    async with open_store(base, device="cpu") as store:
+        assert store.pin_images == store.plan.budget.pin_images == 2
+        assert store.stats().buffer_bytes == 2 * store.plan.budget.pin_bytes + rows
