@@ -68,7 +68,8 @@ class PageCacheBudget:
     #: already inside ``in_use_bytes``: they are not subtracted a second time.
     pinned_in_use_bytes: int = 0
     #: KPU images per copy thread's buffer: 2 on CUDA, where a thread reads the next KPU into
-    #: one image while the GPU copies the last one out of the other.
+    #: one image while the GPU copies the last one out of the other, unless the second image's
+    #: memory would keep a layer out of the page cache (``planner.pin_images_in_plan``).
     pin_images: int = 1
     #: Memory claimed but not touched yet when the limit was read (not in ``in_use_bytes``).
     reserved_bytes: int = 0
