@@ -3,7 +3,9 @@
 Prints the page-cache budget with its derivation, Algorithm 1's two groups of layers and the
 bytes of each, and the LBA extent of every direct KPU; ``--json`` prints the same as one JSON
 object (``budget``, ``groups``, ``placement``, ``model``, ``workload``, ``layout``, ``target``,
-``extents``). ``--memory-limit`` plans for that limit instead of the one discovered here.
+``extents``). ``--memory-limit`` plans for that limit instead of the one discovered here;
+``--device cuda`` plans as a CUDA store budgets: its copy threads' pinned buffers hold one or two
+KPU images and room for appended rows, and the budget reserves them.
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ def register(subparsers: Any) -> None:
         metavar="SIZE",
         help="plan for this memory limit (e.g. 6GiB) instead of the discovered one",
     )
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="plan as a store on this device type budgets its pinned buffers (default: cpu)",
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.set_defaults(func=run)
 
@@ -41,7 +49,15 @@ def run(args: argparse.Namespace) -> int:
     """Load, budget, plan, print."""
     config = load_config(args.config)
     limit = None if args.memory_limit is None else parse_size(args.memory_limit)
-    plan = make_plan(config, budget_for(config, limit))
+    if args.device == "cuda":
+        # the store's own layout; the store loads torch, so it is imported only where asked
+        from dualblade.store import pin_layout_for
+
+        pinned = pin_layout_for(config, args.device, limit)
+        budget = budget_for(config, limit, pin_images=pinned.images, row_room=pinned.row_room)
+    else:  # a host store: one image, no room for rows
+        budget = budget_for(config, limit)
+    plan = make_plan(config, budget)
     text = _compact_json(plan.to_dict()) if args.json else render_table(plan, str(args.config))
     try:
         print(text, flush=True)

@@ -19,7 +19,6 @@ import anyio
 import torch
 
 from dualblade.actors import (
-    ROW_STAGING_BYTES,
     Actor,
     BinderActor,
     Budget,
@@ -46,11 +45,10 @@ from dualblade.pipeline import (
     budget_for,
     make_plan,
     pin_bytes,
-    pin_images_for,
-    pin_images_in_plan,
 )
 from dualblade.store.copy_thread_pool import CopyThreadPool
 from dualblade.store.direct_target import open_direct_target
+from dualblade.store.pin_layout import pin_layout_for
 from dualblade.store.reclaim import Reclaimed, reclaim_predecessors
 from dualblade.store.store_folder import StoreFolder, claim_store_folder
 from dualblade.telemetry import NULL_TRACER, Metrics, Tracer
@@ -236,11 +234,8 @@ async def start_runtime(
         reclaimed = await reclaim_predecessors(
             engine, direct, first_lba, n_blocks, folder.path.parent
         )
-        # Where a second image has a use (CUDA), the buffer ends in room for appended rows
-        # (actors/row_staging.py), with one image or two
-        rows_aside = pin_images_for(device.type) > 1
-        row_room = ROW_STAGING_BYTES if rows_aside else 0
-        images = pin_images_in_plan(config, device.type, memory_limit, row_room=row_room)
+        layout = pin_layout_for(config, device.type, memory_limit)
+        images, row_room, rows_aside = layout.images, layout.row_room, layout.rows_aside
         pin = pin_bytes(config)
         size = images * pin + row_room
         buffers = [AlignedBuffer(size) for _ in range(config.copy_threads)]

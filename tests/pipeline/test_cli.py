@@ -110,3 +110,21 @@ def test_plan_into_a_closed_pipe_is_quiet():
         os.close(writer)
     assert "Traceback" not in result.stderr
     assert result.returncode == 0
+
+
+def test_plan_for_a_cuda_store(capsys):
+    """``--device cuda`` budgets as a CUDA store does: at 4 GiB the paper's context does not fit,
+    so one pinned image per copy thread (the second would cost page-cache layers) and the room
+    for rows are reserved; at 16 GiB every layer fits with two images."""
+    assert main(["plan", PAPER, "--memory-limit", "4GiB", "--json"]) == 0
+    host = json.loads(capsys.readouterr().out)["budget"]
+    assert main(["plan", PAPER, "--memory-limit", "4GiB", "--device", "cuda", "--json"]) == 0
+    cuda = json.loads(capsys.readouterr().out)["budget"]
+    assert (host["pin_images"], cuda["pin_images"]) == (1, 1)
+    assert host["row_room_bytes"] == 0 < cuda["row_room_bytes"]
+    rows = cuda["copy_threads"] * cuda["row_room_bytes"]
+    assert cuda["page_cache_bytes"] == host["page_cache_bytes"] - rows
+    assert main(["plan", PAPER, "--memory-limit", "16GiB", "--device", "cuda", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["budget"]["pin_images"] == 2
+    assert data["groups"]["direct"] == []

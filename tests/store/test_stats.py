@@ -92,10 +92,10 @@ async def test_the_plan_reserves_the_room_for_rows_as_a_cuda_store_allocates_it(
     """A CUDA store's buffers hold two images and then room for appended rows: the reservation
     a stated limit subtracts is what they take, room included. The store's image count is set
     as CUDA's here, so the check runs without a GPU."""
-    import dualblade.store.runtime as runtime
+    import dualblade.store.pin_layout as pin_layout
 
-    monkeypatch.setattr(runtime, "pin_images_for", lambda device_type: 2)
-    monkeypatch.setattr(runtime, "pin_images_in_plan", lambda *args, **kwargs: 2)
+    monkeypatch.setattr(pin_layout, "pin_images_for", lambda device_type: 2)
+    monkeypatch.setattr(pin_layout, "pin_images_in_plan", lambda *args, **kwargs: 2)
     stated = make_config("direct", memory={"limit": "4GiB"})
     async with open_store(stated, device="cpu") as store:
         budget, stats = store.plan.budget, store.stats()
@@ -113,13 +113,14 @@ async def test_a_cuda_store_takes_one_image_where_the_second_would_cost_a_page_c
     under a limit where every layer fits with two it keeps two. CUDA's image count is set here,
     so the check runs without a GPU."""
     import dualblade.pipeline.planner as planner
-    import dualblade.store.runtime as runtime
+    import dualblade.store.pin_layout as pin_layout
+    from dualblade.actors import ROW_STAGING_BYTES
     from dualblade.pipeline import budget_for, make_plan, pin_images_in_plan
 
-    monkeypatch.setattr(runtime, "pin_images_for", lambda device_type: 2)
+    monkeypatch.setattr(pin_layout, "pin_images_for", lambda device_type: 2)
     monkeypatch.setattr(planner, "pin_images_for", lambda device_type: 2)
     base = make_config("dual", memory={"limit": "4GiB", "safety_margin": "0"})
-    rows = runtime.ROW_STAGING_BYTES
+    rows = ROW_STAGING_BYTES
     layers = len(make_plan(base, budget_for(base, None, pin_images=2)).placement.page_cache)
     assert layers == base.shape().num_layers  # 4 GiB holds all: two images
 
