@@ -101,7 +101,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         #: Each transfer has an image to itself with CUDA (read and copy chained there) or two
         #: images: one image runs one transfer at a time, the other threads keep storage busy.
         self._own_images = dma.cuda or images > 1
-        #: Transfers at once: the tail of one overlaps the head of the next (see above).
+        #: Transfers at once, the tail of one over the head of the next (one-image CUDA: one).
         self.max_transfers = min(CUDA_TRANSFERS, images) if self._own_images else HOST_TRANSFERS
         self._slots = anyio.Semaphore(self.max_transfers)
         self._free_images = list(range(images))

@@ -23,7 +23,7 @@ def piece_bytes_for(*, cuda: bool, image_bytes: int) -> int:
     was three pieces, each a task on the loop; on an H100 the page-cache path moved 0.82 and 0.86
     of the machine's limit that way, 0.91 and 0.96 as one piece, alternated in one call
     (``pipebench --path page-cache``, docs/bench.md). With two images a thread's next read
-    overlaps its last copy; with one the copy waits for nothing but the other threads' reads go
-    on meanwhile. On the host pieces bound the copies' memory.
+    overlaps its last copy; with one its next read waits for that copy, while the other threads'
+    reads go on. On the host pieces bound the copies' memory.
     """
     return image_bytes if cuda else PIECE_BYTES

@@ -8,8 +8,9 @@ piece to the device on a CUDA stream of its own; on the host the copy goes into 
 ``preadv`` and the copies release the GIL, so the threads run side by side. The limit is the
 best rate over :func:`thread_counts` (powers of two up to the machine's cores).
 
-The pieces are as large as the pipeline's (64 MiB on CUDA, 4 MiB on the host), so neither side
-pays more calls per byte than the other. A caller that must not allocate (a run's floor, measured
+The pieces are 64 MiB on CUDA (the pipeline moves a whole KPU as one chained piece there, with no
+loop turn per piece: this side's threads pay a call per piece, which 64 MiB keeps few) and 4 MiB
+on the host, as the pipeline's. A caller that must not allocate (a run's floor, measured
 inside its memory limit, where new pinned memory would push the run's own pages out) hands in
 one buffer instead, and the pieces are carved from it: smaller, and no other memory is used.
 """

@@ -56,7 +56,7 @@ def device_lanes(
     buffers: list[AlignedBuffer], image_bytes: int, device: torch.device, images: int
 ) -> list[DeviceLane]:
     """A lane per ``image_bytes`` image of each pinned buffer, ``images`` to a buffer (the
-    store's ``pin_images_for``). The count is given, not derived from the buffer's size: a
+    store's ``KVStore.pin_images``). The count is given, not derived from the buffer's size: a
     CUDA copy thread's buffer ends in room for appended rows, which is no image.
 
     Raises:

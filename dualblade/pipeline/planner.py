@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from dualblade.pipeline.budget import (
+    MemoryLimit,
     PageCacheBudget,
     derive_budget,
     explicit_limit,
@@ -118,6 +119,7 @@ def pin_images_in_plan(
     memory_limit: int | None = None,
     *,
     row_room: int = 0,
+    reserved: int = 0,
     root: Path = Path("/"),
 ) -> int:
     """KPU images per copy thread's buffer for a store of ``config``: :func:`pin_images_for`,
@@ -130,19 +132,28 @@ def pin_images_in_plan(
     second image (one KPU, 136 MB for OPT-6.7B at batch 32) would hold its share of a layer in the
     page cache instead. So one image wherever one image places more layers in the page cache;
     two where the whole context fits either way, or where no budget moves a layer (the direct
-    policy). ``row_room``: each buffer's bytes beyond its images.
+    policy). A CUDA copy thread runs one transfer per image, and a layer's K and V are leased
+    together: a store of one copy thread keeps two images.
+
+    The choice is made once, when a store starts, for the config's own workload shape (the limit
+    is read once for both counts); a later budget change re-plans layers, not images.
+    ``row_room``: each buffer's bytes beyond its images; ``reserved``: memory claimed but not
+    touched yet (see :func:`budget_for`).
 
     Raises:
         MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
     """
     most = pin_images_for(device_type)
-    if most == 1:
-        return 1
+    if most == 1 or config.copy_threads < 2:
+        return most
+    limit = _limit_for(config, memory_limit, root)
     layer_bytes = layer_page_cache_bytes(config)
     order = page_cache_order(len(layer_bytes), config.page_cache_layers)
 
     def page_cache_layers(images: int) -> int:
-        budget = budget_for(config, memory_limit, root, pin_images=images, row_room=row_room)
+        budget = _budget_under(
+            config, limit, pinned_in_use=0, pin_images=images, reserved=reserved, row_room=row_room
+        )
         placement = place_layers(
             config.policy, layer_bytes, budget.page_cache_bytes, budget.knob_x_bytes, order
         )
@@ -182,9 +193,46 @@ def budget_for(
     Raises:
         MemoryDiscoveryError: discovery was needed and ``/proc/meminfo`` is unreadable.
     """
+    limit = _limit_for(config, memory_limit, root)
+    return _budget_under(
+        config,
+        limit,
+        pinned_in_use=0 if _stated(config, memory_limit) else pinned_in_use,
+        pin_images=pin_images,
+        reserved=reserved,
+        row_room=row_room,
+    )
+
+
+def _stated(config: PipelineConfig, memory_limit: int | None) -> bool:
+    """Whether the limit is given (by the caller or the config) rather than discovered."""
+    return memory_limit is not None or config.memory.limit is not None
+
+
+def _limit_for(config: PipelineConfig, memory_limit: int | None, root: Path) -> MemoryLimit | None:
+    """The limit a budget derives from, read once; None where the config states the budget."""
+    if memory_limit is None and config.memory.page_cache_budget is not None:
+        return None
+    stated = memory_limit if memory_limit is not None else config.memory.limit
+    if stated is not None:
+        return explicit_limit(stated)
+    return limit_from_snapshot(discover_memory(root))
+
+
+def _budget_under(
+    config: PipelineConfig,
+    limit: MemoryLimit | None,
+    *,
+    pinned_in_use: int,
+    pin_images: int,
+    reserved: int,
+    row_room: int,
+) -> PageCacheBudget:
+    """:func:`budget_for` under a limit already read (None: the config's stated budget)."""
     memory = config.memory
     pin = pin_bytes(config)
-    if memory_limit is None and memory.page_cache_budget is not None:
+    if limit is None:
+        assert memory.page_cache_budget is not None
         return fixed_budget(
             memory.page_cache_budget,
             pin_bytes=pin,
@@ -193,13 +241,9 @@ def budget_for(
             pin_images=pin_images,
             row_room=row_room,
         )
-    stated = memory_limit if memory_limit is not None else memory.limit
-    limit = (
-        explicit_limit(stated) if stated is not None else limit_from_snapshot(discover_memory(root))
-    )
     return derive_budget(
         limit,
-        pinned_in_use=0 if stated is not None else pinned_in_use,
+        pinned_in_use=pinned_in_use,
         pin_bytes=pin,
         copy_threads=config.copy_threads,
         safety_margin=memory.safety_margin,

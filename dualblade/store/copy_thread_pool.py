@@ -24,9 +24,10 @@ class CopyThreadPool:
     """Hands copy threads to transfers: the least busy one, at most ``per_thread`` each.
 
     A copy thread overlaps the tail of one transfer with the head of the next (see
-    :mod:`dualblade.actors.copy_thread`): two at once with CUDA (an image of its buffer each),
-    more on the host, where most transfers never touch its buffer (the thread's
-    ``max_transfers``). A transfer waits while every thread holds ``per_thread``.
+    :mod:`dualblade.actors.copy_thread`): with CUDA one per image of its buffer (one or two), more
+    on the host, where most transfers never touch its buffer (the thread's ``max_transfers``,
+    which the store passes as ``per_thread``). A transfer waits while every thread holds
+    ``per_thread``.
 
     Urgent transfers (a decode step's reads and appends: a token waits on them) go first:
     while one waits, no other transfer (a prefill's writes, a layer move) gets a thread. But not

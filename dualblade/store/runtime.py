@@ -234,7 +234,14 @@ async def start_runtime(
         reclaimed = await reclaim_predecessors(
             engine, direct, first_lba, n_blocks, folder.path.parent
         )
-        layout = pin_layout_for(config, device.type, memory_limit)
+        layout = await anyio.to_thread.run_sync(
+            lambda: pin_layout_for(
+                config,
+                device.type,
+                memory_limit,
+                reserved=reserved_memory() if reserved_memory is not None else 0,
+            )
+        )
         images, row_room, rows_aside = layout.images, layout.row_room, layout.rows_aside
         pin = pin_bytes(config)
         size = images * pin + row_room

@@ -130,6 +130,31 @@ async def test_a_cuda_load_is_one_chained_piece_however_large(tmp_path, images):
             assert rig.dma.chained_copies == round_ + 1
 
 
+async def test_one_image_takes_loads_asked_at_once_one_after_another(tmp_path):
+    """A one-image CUDA thread asked for four loads at once runs them one at a time in its
+    image, each chained: every destination gets every byte, and the image is free again."""
+    async with make_rig(tmp_path, images=1) as rig:
+        source = data(5)
+        await rig.move("store", source)
+        out = [torch.empty_like(source) for _ in range(4)]
+        peak = 0
+
+        async def load(destination: torch.Tensor) -> None:
+            nonlocal peak
+            peak = max(peak, rig.buffer.inflight)
+            await rig.move("load", destination)
+            peak = max(peak, rig.buffer.inflight)
+
+        async with anyio.create_task_group() as tg:
+            for destination in out:
+                tg.start_soon(load, destination)
+        assert all(torch.equal(destination, source) for destination in out)
+        assert rig.dma.chained_copies == 4
+        assert peak <= 1  # never two reads in the one image
+        assert rig.thread._free_images == [0]
+        assert rig.buffer.inflight == 0
+
+
 async def test_a_failed_chained_read_fails_that_load_only(tmp_path):
     async with make_rig(tmp_path) as rig:
         source = data(2)

@@ -11,7 +11,7 @@ import torch
 from dualblade.bench.pipebench import _raw_buffers, _raw_pass, direct_only, prefill_random
 from dualblade.bench.pipebench_device_raw import DeviceLane, device_lanes, raw_device_pass
 from dualblade.io_engine import AlignedBuffer, IOEngineError, StorageSlots
-from dualblade.pipeline import config_from_mapping, pin_bytes, pin_images_for
+from dualblade.pipeline import config_from_mapping, pin_bytes
 from dualblade.store import open_store
 
 pytestmark = pytest.mark.anyio
@@ -110,9 +110,9 @@ async def test_the_device_raw_side_copies_each_lanes_reads_to_the_device(tmp_pat
         await prefill_random(ctx, store)
         extents = list(await ctx.direct_map())
         lanes = device_lanes(
-            store.pinned_buffers(), pin_bytes(config), store.device, pin_images_for("cuda")
+            store.pinned_buffers(), pin_bytes(config), store.device, store.pin_images
         )
-        assert len(lanes) == 2 * config.copy_threads  # two images per copy thread on CUDA
+        assert len(lanes) == store.pin_images * config.copy_threads
         await raw_device_pass(store, ctx, lanes, StorageSlots(config.copy_threads))
         # each lane holds its last read: its device tensor against a fresh read of that extent
         held = [

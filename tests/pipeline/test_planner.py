@@ -188,3 +188,19 @@ def test_no_budget_no_reason_for_one_image():
 def test_a_host_store_has_one_image():
     assert pin_images_in_plan(PAPER, "cpu", 4 << 30) == 1
     assert pin_images_in_plan(PAPER, "cpu", 64 << 30) == 1
+
+
+def test_one_copy_thread_keeps_two_images():
+    """A CUDA copy thread runs one transfer per image and a layer's K and V are leased together:
+    with one thread, one image could never take both, so two stay whatever the limit."""
+    one_thread = _with(PAPER, copy_threads=1)
+    for gib in (3, 4, 5, 8):
+        assert pin_images_in_plan(one_thread, "cuda", gib << 30, row_room=ROWS) == 2
+
+
+def test_memory_reserved_by_the_application_counts_in_the_choice():
+    """At 16 GiB every layer fits with two images; with 8 GiB claimed by the application (not
+    touched yet) they no longer do, and one image buys a layer back."""
+    limit, reserved = 16 << 30, 8 << 30
+    assert pin_images_in_plan(PAPER, "cuda", limit, row_room=ROWS) == 2
+    assert pin_images_in_plan(PAPER, "cuda", limit, row_room=ROWS, reserved=reserved) == 1
