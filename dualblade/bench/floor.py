@@ -28,8 +28,10 @@ copied on a stream of its own; the best of 1, 2, 4 ... threads up to the cores).
 CUDA decode that copy as well as the one out of the page cache, and the two share the host's
 memory: on the H200 machine the copy out of the page cache alone ran at 58-63 GB/s and the whole
 move at 29-46, so a floor of the host copy alone was no floor for the all-fits regime. The
-pieces are carved from the floor's own buffer (pinned for the pass), not allocated: inside the
-run's memory limit, new pinned memory would push the run's own pages out of the cache.
+pieces are carved from the store's own pinned KPU images (no transfer runs after the decode), not
+allocated: inside the run's memory limit, new pinned memory would push the run's own pages out
+of the cache. Carved from the floor's one KPU-sized buffer instead, 16 threads' pieces were
+about 4 MiB where the pipeline moves each KPU as one piece, and a run at 11 GiB beat that floor.
 
 The baseline reaches its files through a memory map, a whole KPU copied by one thread (page
 faults and the kernel's readahead for maps), not through the engine; its two file passes copy
@@ -55,9 +57,9 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.bench.page_cache_limit import FileToMove, measure_page_cache_limit
+from dualblade.bench.page_cache_limit import FileToMove, HostWindow, measure_page_cache_limit
 from dualblade.io_engine import AlignedBuffer, PageCacheFile
-from dualblade.pipeline import KpuId, Medium
+from dualblade.pipeline import KpuId, Medium, pin_bytes
 from dualblade.store import KVContext, KVStore
 
 #: Each pass runs this often; the fastest counts.
@@ -261,12 +263,13 @@ async def _direct_pass(
 async def _to_device_pass(
     resident: list[tuple[PageCacheFile, int]],
     device: torch.device,
-    memory: AlignedBuffer,
+    memory: Sequence[HostWindow],
     repeats: int,
 ) -> PassTime:
-    """The resident files moved to ``device`` (see the module), each repetition's time that of
-    its best thread count. Every count's best rate is kept beside it: the store moves its hits
-    with ``copy_threads`` threads, which may be fewer than the best count."""
+    """The resident files moved to ``device`` (see the module) through pieces of ``memory``,
+    each repetition's time that of its best thread count. Every count's best rate is kept
+    beside it: the store moves its hits with ``copy_threads`` threads, which may be fewer than
+    the best count."""
     files = [FileToMove(file.fd, nbytes) for file, nbytes in resident]
     nbytes = sum(file.nbytes for file in files)
     seconds = []
@@ -279,6 +282,14 @@ async def _to_device_pass(
         for run in runs:
             by_threads[run.threads] = max(by_threads.get(run.threads, 0.0), run.bytes_per_s)
     return PassTime(nbytes, tuple(seconds), tuple(sorted(by_threads.items())))
+
+
+def store_images(store: KVStore) -> list[HostWindow]:
+    """The KPU images at the start of each copy thread's pinned buffer (``KVStore.pin_images``
+    of ``pin_bytes`` each; room for appended rows follows them): memory to lend a reference
+    while no transfer runs."""
+    image_bytes = store.pin_images * pin_bytes(store.config)
+    return [HostWindow(buffer, 0, image_bytes) for buffer in store.pinned_buffers()]
 
 
 async def _file_passes(
@@ -326,8 +337,9 @@ async def _file_passes(
             requests(resident), reader(resident), memory, in_flight, repeats
         )
         if store.device.type == "cuda":
-            largest = max(memory, key=lambda buffer: buffer.size)
-            device_pass = await _to_device_pass(resident, store.device, largest, repeats)
+            device_pass = await _to_device_pass(
+                resident, store.device, store_images(store), repeats
+            )
     if cold:
         # A miss the way the page-cache path meets one: a buffered read of pages not in the
         # cache (readahead included), each repetition from a dropped cache.

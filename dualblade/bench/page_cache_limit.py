@@ -11,8 +11,13 @@ best rate over :func:`thread_counts` (powers of two up to the machine's cores).
 The pieces are 64 MiB on CUDA (the pipeline moves a whole KPU as one chained piece there, with no
 loop turn per piece: this side's threads pay a call per piece, which 64 MiB keeps few) and 4 MiB
 on the host, as the pipeline's. A caller that must not allocate (a run's floor, measured
-inside its memory limit, where new pinned memory would push the run's own pages out) hands in
-one buffer instead, and the pieces are carved from it: smaller, and no other memory is used.
+inside its memory limit, where new pinned memory would push the run's own pages out) lends
+windows of memory it holds instead (a store's pinned KPU images), and each thread count's pieces
+are carved from them: the largest of which the windows hold two a thread, up to a whole file on
+CUDA (a store's images hold one KPU each: as many threads as copy threads move whole KPUs, more
+threads smaller pieces) and up to 4 MiB on the host.
+Carved from one KPU-sized buffer for all 16 threads, they were about 4 MiB, and at 11 GiB the
+pipeline beat that floor (0.977): a reference of another piece shape, not a bound.
 """
 
 from __future__ import annotations
@@ -46,6 +51,26 @@ class FileToMove:
 
     fd: int
     nbytes: int
+
+
+@dataclass(frozen=True)
+class HostWindow:
+    """``nbytes`` of ``buffer`` from ``offset``: memory a caller lends for the pieces."""
+
+    buffer: AlignedBuffer
+    offset: int
+    nbytes: int
+
+    def __post_init__(self) -> None:
+        if self.offset < 0 or self.nbytes <= 0 or self.offset + self.nbytes > self.buffer.size:
+            raise ValueError(
+                f"a window of {self.nbytes} bytes at {self.offset} is not inside a "
+                f"{self.buffer.size}-byte buffer"
+            )
+
+    @classmethod
+    def whole(cls, buffer: AlignedBuffer) -> HostWindow:
+        return cls(buffer, 0, buffer.size)
 
 
 @dataclass(frozen=True)
@@ -145,23 +170,40 @@ def _one_count(
     return time.perf_counter() - start
 
 
+def _largest_piece(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
+    """The largest whole-page piece of at most ``cap`` bytes (rounded up to a page) of which
+    ``windows`` hold two for each of ``movers`` threads; 0 if not even a page fits."""
+    wanted = 2 * movers
+    low, high = 0, -(-cap // _PAGE)
+    while low < high:  # the count that fits only falls as the piece grows
+        pages = (low + high + 1) // 2
+        if sum(window.nbytes // (pages * _PAGE) for window in windows) >= wanted:
+            low = pages
+        else:
+            high = pages - 1
+    return low * _PAGE
+
+
 def _carved(
-    memory: AlignedBuffer, movers: int, piece_bytes: int, device: torch.device
+    windows: Sequence[HostWindow], movers: int, cap: int, device: torch.device
 ) -> tuple[int, list[list[tuple[memoryview, torch.Tensor]]]]:
-    """Two pieces per mover out of ``memory`` (pinned first, on CUDA): the piece size, and
-    each mover's pieces."""
-    piece_bytes = min(piece_bytes, memory.size // (2 * movers) // _PAGE * _PAGE)
+    """Two pieces per mover out of ``windows`` (their buffers page-locked first, on CUDA): the
+    piece size (:func:`_largest_piece`), and each mover's pieces."""
+    piece_bytes = _largest_piece(windows, movers, cap)
     if piece_bytes <= 0:
+        lent = sum(window.nbytes for window in windows)
         raise ValueError(
-            f"a {memory.size}-byte buffer cannot hold two pieces for each of {movers} threads"
+            f"{lent} bytes of lent memory cannot hold two pieces for each of {movers} threads"
         )
-    if device.type == "cuda":
-        memory.pin_for_cuda()
-    whole = memory.tensor()
-    cut = [
-        (memory.view[start : start + piece_bytes], whole[start : start + piece_bytes])
-        for start in range(0, 2 * movers * piece_bytes, piece_bytes)
-    ]
+    cut: list[tuple[memoryview, torch.Tensor]] = []
+    for window in windows:
+        if device.type == "cuda":
+            window.buffer.pin_for_cuda()  # a no-op for a buffer the store page-locked
+        whole = window.buffer.tensor()
+        fits = window.nbytes // piece_bytes
+        for start in range(window.offset, window.offset + fits * piece_bytes, piece_bytes):
+            end = start + piece_bytes
+            cut.append((window.buffer.view[start:end], whole[start:end]))
     return piece_bytes, [cut[2 * index : 2 * index + 2] for index in range(movers)]
 
 
@@ -171,27 +213,51 @@ def measure_page_cache_limit(
     *,
     passes: int,
     counts: Sequence[int] | None = None,
-    memory: AlignedBuffer | None = None,
+    memory: Sequence[HostWindow] | None = None,
 ) -> list[LimitRun]:
     """Each thread count's rate (default: :func:`thread_counts`) for moving ``files`` to
     ``device`` ``passes`` times (blocking: run it in a worker thread). The files' pages should be
-    resident (see the module). ``memory``: carve every thread's pieces from this buffer and
-    allocate no host memory (raises ValueError if it is too small for two pages a thread); on
-    CUDA the buffer is page-locked for the copies and stays so until it is closed."""
+    resident (see the module). ``memory``: carve each count's pieces from these windows and
+    allocate no host memory (raises ValueError if they cannot hold two pages a thread); on
+    CUDA their buffers are page-locked for the copies and stay so until they are closed."""
     counts = thread_counts() if counts is None else counts
-    piece_bytes = CUDA_PIECE_BYTES if device.type == "cuda" else HOST_PIECE_BYTES
-    piece_bytes = min(piece_bytes, max(file.nbytes for file in files))
+    cuda = device.type == "cuda"
+    largest = max(file.nbytes for file in files)
+    cap = min(CUDA_PIECE_BYTES if cuda else HOST_PIECE_BYTES, largest)
     moved = sum(file.nbytes for file in files) * passes
-    if memory is None:
-        movers = [_Mover(device, piece_bytes) for _ in range(max(counts))]
-    else:
-        piece_bytes, pieces = _carved(memory, max(counts), piece_bytes, device)
-        movers = [_Mover(device, piece_bytes, mine) for mine in pieces]
-    try:
+    if memory is not None:
+        if cuda:
+            cap = largest  # a whole KPU where the memory holds it, as the pipeline moves one
+        _carved(memory, max(counts), cap, device)  # refuse before any count runs
         return [
-            LimitRun(count, moved / _one_count(files, movers[:count], passes, piece_bytes))
+            LimitRun(count, moved / _lent_count(files, device, memory, count, passes, cap))
             for count in counts
         ]
+    movers = [_Mover(device, cap) for _ in range(max(counts))]
+    try:
+        return [
+            LimitRun(count, moved / _one_count(files, movers[:count], passes, cap))
+            for count in counts
+        ]
+    finally:
+        for mover in movers:
+            mover.close()
+
+
+def _lent_count(
+    files: Sequence[FileToMove],
+    device: torch.device,
+    memory: Sequence[HostWindow],
+    count: int,
+    passes: int,
+    cap: int,
+) -> float:
+    """:func:`_one_count` for ``count`` threads whose pieces are carved from ``memory``: fewer
+    threads get larger pieces, as the pipeline's fewer copy threads move whole KPUs."""
+    piece_bytes, pieces = _carved(memory, count, cap, device)
+    movers = [_Mover(device, piece_bytes, mine) for mine in pieces]
+    try:
+        return _one_count(files, movers, passes, piece_bytes)
     finally:
         for mover in movers:
             mover.close()

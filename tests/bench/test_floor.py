@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dualblade.bench import page_cache_limit
 from dualblade.bench.floor import (
     DecodeReads,
     FloorRates,
@@ -17,11 +18,13 @@ from dualblade.bench.floor import (
     _to_device_pass,
     decode_floor,
     measure_floor_rates,
+    page_cache_reads,
+    store_images,
 )
-from dualblade.bench.page_cache_limit import thread_counts
+from dualblade.bench.page_cache_limit import HostWindow, thread_counts
 from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
 from dualblade.io_engine import AlignedBuffer, PageCacheFile
-from dualblade.pipeline import PipelineConfig, config_from_mapping
+from dualblade.pipeline import PipelineConfig, config_from_mapping, pin_bytes
 from dualblade.store import KVContext, open_store
 
 GB = 1_000_000_000
@@ -93,7 +96,10 @@ async def test_the_move_to_the_device_times_every_resident_byte(tmp_path: Path) 
             os.pwrite(file.fd, os.urandom(nbytes), 0)
         with AlignedBuffer(64 * 4096, huge=False) as memory:
             moved = await _to_device_pass(
-                list(zip(files, sizes, strict=True)), torch.device("cpu"), memory, repeats=2
+                list(zip(files, sizes, strict=True)),
+                torch.device("cpu"),
+                [HostWindow.whole(memory)],
+                repeats=2,
             )
         assert moved.nbytes == sum(sizes)
         assert len(moved.seconds) == 2
@@ -187,6 +193,43 @@ async def test_the_passes_read_the_runs_own_storage(tmp_path: Path, policy: str)
         assert rates.resident.nbytes == {"page-cache": 4}.get(policy, 2) * 2 * kpu
     else:
         assert rates.resident is None
+
+
+@pytest.mark.anyio
+async def test_the_move_to_the_device_borrows_the_stores_pinned_images(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """On a GPU the to-device pass carves its pieces from the copy threads' KPU images (no
+    memory of its own inside the run's limit): here, through the CPU fallback, every resident
+    byte moves through them and nothing is allocated."""
+    config = _config(tmp_path, "page-cache")
+    buffers = read_buffers(config, "cpu")
+    moved: list[PassTime] = []
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the pass allocated host memory of its own")
+
+    async with open_store(config, device="cpu") as store:
+
+        async def after_decode(ctx: KVContext) -> None:
+            windows = store_images(store)
+            assert [window.buffer for window in windows] == store.pinned_buffers()
+            image = store.pin_images * pin_bytes(config)
+            assert all(window.offset == 0 and window.nbytes == image for window in windows)
+            resident = [(file, n) for file, n in await page_cache_reads(ctx) if n > 0]
+            monkeypatch.setattr(page_cache_limit, "AlignedBuffer", refuse)
+            moved.append(await _to_device_pass(resident, store.device, windows, 1))
+            monkeypatch.undo()
+
+        await run_sweep_workload(
+            store,
+            decode_steps=2,
+            data=derive_kv(config, 0),
+            buffers=buffers,
+            after_decode=after_decode,
+        )
+    (move,) = moved
+    assert move.nbytes == 4 * 2 * 62 * 4 * 512 * 2  # 4 layers' K and V, 60 + 2 rows each
 
 
 @pytest.mark.anyio

@@ -7,9 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dualblade.bench import page_cache_limit
-from dualblade.bench.page_cache_limit import FileToMove, measure_page_cache_limit
+from dualblade.bench.page_cache_limit import FileToMove, HostWindow, measure_page_cache_limit
 from dualblade.io_engine import AlignedBuffer
 
 
@@ -70,18 +72,36 @@ def test_thread_counts_go_up_to_the_cores(monkeypatch) -> None:
     assert page_cache_limit.thread_counts() == (1, 2)
 
 
-def test_pieces_carved_from_a_callers_buffer_move_every_byte_and_allocate_none(
-    tmp_path: Path, monkeypatch
+def _pieces(content: bytes, piece: int) -> list[bytes]:
+    return [content[offset : offset + piece] for offset in range(0, len(content), piece)]
+
+
+def test_pieces_carved_from_lent_windows_move_every_byte_and_allocate_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A run's floor moves its files through its own buffer: every piece is a page-aligned
-    slice of it, the files' bytes arrive whole, and no buffer of the mover's own is made."""
+    """A run's floor moves its files through a store's pinned images: every piece is a
+    page-aligned slice of a lent window (none touches the bytes after it, the row room of a
+    CUDA buffer), each thread count gets the largest pieces the windows hold two a thread of,
+    the files' bytes arrive whole, and no buffer of the mover's own is made."""
     opened = [_file(tmp_path / f"f{i}", (90 + 41 * i) << 10, i) for i in range(3)]
-    memory = AlignedBuffer(8 * 4096 + 100, huge=False)  # two pieces of 4 KiB for 4 threads
+    buffers = [AlignedBuffer(6 * 4096, huge=False) for _ in range(2)]
+    # 4 pages of each buffer are lent, at page 1: 8 pages in all
+    windows = [HostWindow(buffer, 4096, 4 * 4096) for buffer in buffers]
     moved: list[bytes] = []
+    sizes: dict[int, set[int]] = {}
     real_copy = page_cache_limit._Mover._copy
 
     def spy(self: page_cache_limit._Mover, slot: int, nbytes: int) -> None:
-        assert len(self.views[slot]) == 4096
+        address = self.sources[slot].data_ptr()
+        length = len(self.views[slot])
+        assert any(
+            buffer.address + 4096 <= address and address + length <= buffer.address + 5 * 4096
+            for buffer in buffers
+        ), "a piece outside the lent windows"
+        assert (address - buffers[0].address) % 4096 == 0 or (
+            address - buffers[1].address
+        ) % 4096 == 0
+        sizes.setdefault(id(self), set()).add(length)
         moved.append(bytes(self.views[slot][:nbytes]))
         real_copy(self, slot, nbytes)
 
@@ -93,22 +113,62 @@ def test_pieces_carved_from_a_callers_buffer_move_every_byte_and_allocate_none(
     try:
         files = [FileToMove(fd, len(content)) for fd, content in opened]
         runs = measure_page_cache_limit(
-            files, torch.device("cpu"), passes=1, counts=(1, 4), memory=memory
+            files, torch.device("cpu"), passes=1, counts=(1, 4), memory=windows
         )
     finally:
         for fd, _ in opened:
             os.close(fd)
     assert [run.threads for run in runs] == [1, 4]
+    # one thread: two pieces of 4 pages (one a window); four threads: eight of one page
+    assert sorted(set().union(*sizes.values())) == [4096, 4 * 4096]
     expected = [
-        content[offset : offset + 4096]
+        piece
         for _, content in opened
-        for offset in range(0, len(content), 4096)
-    ] * 2  # once for each thread count
+        for size in (4 * 4096, 4096)
+        for piece in _pieces(content, size)
+    ]
     assert sorted(moved) == sorted(expected)
-    memory.close()  # nothing aliases the buffer any more
+    for buffer in buffers:
+        buffer.close()  # nothing aliases the buffers any more
 
 
-def test_a_buffer_too_small_for_two_pages_a_thread_is_refused(tmp_path: Path) -> None:
+@settings(max_examples=200, deadline=None)
+@given(
+    window_pages=st.lists(st.integers(1, 64), min_size=1, max_size=8),
+    movers=st.integers(1, 16),
+    cap=st.integers(1, 80 * 4096),
+)
+def test_the_largest_piece_is_the_largest_that_fits(
+    window_pages: list[int], movers: int, cap: int
+) -> None:
+    """Two pieces a thread fit the windows, a page more would not (or pass the cap), and a
+    piece is whole pages, never above the cap rounded up to a page."""
+    with AlignedBuffer(64 * 4096, huge=False) as buffer:
+        windows = [HostWindow(buffer, 0, pages * 4096) for pages in window_pages]
+
+        def fits(piece: int) -> bool:
+            return sum(window.nbytes // piece for window in windows) >= 2 * movers
+
+        piece = page_cache_limit._largest_piece(windows, movers, cap)
+        assert piece % 4096 == 0
+        assert piece <= -(-cap // 4096) * 4096
+        if piece == 0:
+            assert not fits(4096)
+        else:
+            assert fits(piece)
+            assert piece + 4096 > -(-cap // 4096) * 4096 or not fits(piece + 4096)
+
+
+def test_a_window_outside_its_buffer_is_refused() -> None:
+    with AlignedBuffer(4096, huge=False) as buffer:
+        with pytest.raises(ValueError, match="not inside a 4096-byte buffer"):
+            HostWindow(buffer, 4096, 1)
+        with pytest.raises(ValueError, match="not inside"):
+            HostWindow(buffer, 0, 0)
+        assert HostWindow.whole(buffer).nbytes == 4096
+
+
+def test_windows_too_small_for_two_pages_a_thread_are_refused(tmp_path: Path) -> None:
     fd, content = _file(tmp_path / "f", 64 << 10, 1)
     try:
         with (
@@ -120,7 +180,7 @@ def test_a_buffer_too_small_for_two_pages_a_thread_is_refused(tmp_path: Path) ->
                 torch.device("cpu"),
                 passes=1,
                 counts=(1, 2),
-                memory=memory,
+                memory=[HostWindow.whole(memory)],
             )
     finally:
         os.close(fd)
