@@ -15,9 +15,9 @@ inside its memory limit, where new pinned memory would push the run's own pages 
 windows of memory it holds instead (a store's pinned KPU images), and each thread count's pieces
 are carved from them: the largest of which the windows hold two a thread, up to a whole file on
 CUDA (a store's images hold one KPU each: as many threads as copy threads move whole KPUs, more
-threads smaller pieces) and up to 4 MiB on the host.
-Carved from one KPU-sized buffer for all 16 threads, they were about 4 MiB, and at 11 GiB the
-pipeline beat that floor (0.977): a reference of another piece shape, not a bound.
+threads smaller pieces) and up to 4 MiB on the host. Carved from one KPU-sized buffer for all
+counts, they were about 4 MiB at 16 threads, and at 11 GiB the pipeline beat that floor (0.977):
+a reference of another piece shape, not a bound.
 """
 
 from __future__ import annotations
@@ -184,17 +184,27 @@ def _largest_piece(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
     return low * _PAGE
 
 
-def _carved(
-    windows: Sequence[HostWindow], movers: int, cap: int, device: torch.device
-) -> tuple[int, list[list[tuple[memoryview, torch.Tensor]]]]:
-    """Two pieces per mover out of ``windows`` (their buffers page-locked first, on CUDA): the
-    piece size (:func:`_largest_piece`), and each mover's pieces."""
+def _piece_for(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
+    """:func:`_largest_piece`, refusing windows that hold not even two pages a thread.
+
+    Raises:
+        ValueError: the windows are too small for ``movers`` threads.
+    """
     piece_bytes = _largest_piece(windows, movers, cap)
     if piece_bytes <= 0:
         lent = sum(window.nbytes for window in windows)
         raise ValueError(
             f"{lent} bytes of lent memory cannot hold two pieces for each of {movers} threads"
         )
+    return piece_bytes
+
+
+def _carved(
+    windows: Sequence[HostWindow], movers: int, cap: int, device: torch.device
+) -> tuple[int, list[list[tuple[memoryview, torch.Tensor]]]]:
+    """Two pieces per mover out of ``windows`` (their buffers page-locked first, on CUDA): the
+    piece size (:func:`_piece_for`), and each mover's pieces."""
+    piece_bytes = _piece_for(windows, movers, cap)
     cut: list[tuple[memoryview, torch.Tensor]] = []
     for window in windows:
         if device.type == "cuda":
@@ -228,7 +238,7 @@ def measure_page_cache_limit(
     if memory is not None:
         if cuda:
             cap = largest  # a whole KPU where the memory holds it, as the pipeline moves one
-        _carved(memory, max(counts), cap, device)  # refuse before any count runs
+        _piece_for(memory, max(counts), cap)  # refuse before any count runs
         return [
             LimitRun(count, moved / _lent_count(files, device, memory, count, passes, cap))
             for count in counts
