@@ -59,7 +59,7 @@ import torch
 
 from dualblade.bench.page_cache_limit import FileToMove, HostWindow, measure_page_cache_limit
 from dualblade.io_engine import AlignedBuffer, PageCacheFile
-from dualblade.pipeline import KpuId, Medium, pin_bytes
+from dualblade.pipeline import KpuId, Medium
 from dualblade.store import KVContext, KVStore
 
 #: Each pass runs this often; the fastest counts.
@@ -285,11 +285,10 @@ async def _to_device_pass(
 
 
 def store_images(store: KVStore) -> list[HostWindow]:
-    """The KPU images at the start of each copy thread's pinned buffer (``KVStore.pin_images``
-    of ``pin_bytes`` each; room for appended rows follows them): memory to lend a reference
-    while no transfer runs."""
-    image_bytes = store.pin_images * pin_bytes(store.config)
-    return [HostWindow(buffer, 0, image_bytes) for buffer in store.pinned_buffers()]
+    """The copy threads' KPU images (``KVStore.pinned_images``), a window each: memory to lend a
+    reference while no transfer runs. A piece never spans two images, as no transfer of the
+    pipeline does."""
+    return [HostWindow(image.buffer, image.offset, image.nbytes) for image in store.pinned_images()]
 
 
 async def _file_passes(

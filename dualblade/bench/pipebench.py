@@ -40,7 +40,7 @@ from dualblade.io_engine import (
     fio_path,
     run_fio,
 )
-from dualblade.pipeline import KpuExtent, PipelineConfig, pin_bytes
+from dualblade.pipeline import KpuExtent, PipelineConfig
 from dualblade.store import KVContext, KVStore, ReadBuffers, open_store
 
 
@@ -268,12 +268,7 @@ async def run_pipebench(
                 "raw": lambda: _raw_pass(store, ctx, raw),
             }
             if store.device.type == "cuda":
-                lanes = device_lanes(
-                    store.pinned_buffers(),
-                    pin_bytes(direct_config),
-                    store.device,
-                    store.pin_images,
-                )
+                lanes = device_lanes(store.pinned_images(), store.device)
                 gate = StorageSlots(threads)  # the overlap gate's direct slots under Intra
                 sides["raw_host"] = sides["raw"]
                 sides["raw"] = lambda: raw_device_pass(store, ctx, lanes, gate)

@@ -23,6 +23,7 @@ closes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -30,7 +31,7 @@ import torch
 
 from dualblade.io_engine import AlignedBuffer, StorageSlots
 from dualblade.pipeline import KpuExtent
-from dualblade.store import KVContext, KVStore
+from dualblade.store import KVContext, KVStore, PinnedImage
 
 
 @dataclass
@@ -52,35 +53,20 @@ class DeviceLane:
             self.copied = None
 
 
-def device_lanes(
-    buffers: list[AlignedBuffer], image_bytes: int, device: torch.device, images: int
-) -> list[DeviceLane]:
-    """A lane per ``image_bytes`` image of each pinned buffer, ``images`` to a buffer (the
-    store's ``KVStore.pin_images``). The count is given, not derived from the buffer's size: a
-    CUDA copy thread's buffer ends in room for appended rows, which is no image.
-
-    Raises:
-        ValueError: a buffer is smaller than its images.
-    """
-    lanes = []
-    for buffer in buffers:
-        if buffer.size < images * image_bytes:
-            raise ValueError(
-                f"a pinned buffer of {buffer.size} bytes is smaller than its {images} "
-                f"image(s) of {image_bytes} bytes"
-            )
-        for image in range(images):
-            offset = image * image_bytes
-            lanes.append(
-                DeviceLane(
-                    buffer,
-                    offset,
-                    buffer.tensor(count=image_bytes, offset=offset),
-                    torch.empty(image_bytes, dtype=torch.uint8, device=device),
-                    torch.cuda.Stream(device),  # type: ignore[no-untyped-call]
-                )
-            )
-    return lanes
+def device_lanes(images: Sequence[PinnedImage], device: torch.device) -> list[DeviceLane]:
+    """A lane per pinned KPU image (the store's ``KVStore.pinned_images``: one or two per copy
+    thread's buffer, the room for appended rows left out), each with device memory of its size
+    and a stream of its own."""
+    return [
+        DeviceLane(
+            image.buffer,
+            image.offset,
+            image.buffer.tensor(count=image.nbytes, offset=image.offset),
+            torch.empty(image.nbytes, dtype=torch.uint8, device=device),
+            torch.cuda.Stream(device),  # type: ignore[no-untyped-call]
+        )
+        for image in images
+    ]
 
 
 async def _lane_pass(

@@ -45,9 +45,11 @@ from dualblade.pipeline import (
     layer_page_cache_bytes,
     make_plan,
     page_cache_order,
+    pin_bytes,
 )
 from dualblade.store.context import KVContext
 from dualblade.store.context_shape import context_config
+from dualblade.store.pin_layout import PinnedImage, pinned_images
 from dualblade.store.read_buffers import ReadBuffers
 from dualblade.store.replanner import BUDGETED_MEDIA, Replanner
 from dualblade.store.residency_ledger import ResidencyLedger
@@ -285,6 +287,12 @@ class KVStore:
         a reference reading as the pipeline does (``dualblade pipebench``'s raw side on a GPU)
         reads into, and only while no transfer runs."""
         return list(self.runtime.buffers)
+
+    def pinned_images(self) -> list[PinnedImage]:
+        """The KPU images of :meth:`pinned_buffers`, each where its copy thread places it, the
+        room for rows left out: what a reference moving bytes as the pipeline does reads into,
+        and only while no transfer runs."""
+        return pinned_images(self.runtime.buffers, self.pin_images, pin_bytes(self.config))
 
     @property
     def pin_images(self) -> int:

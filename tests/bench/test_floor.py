@@ -213,9 +213,12 @@ async def test_the_move_to_the_device_borrows_the_stores_pinned_images(
 
         async def after_decode(ctx: KVContext) -> None:
             windows = store_images(store)
-            assert [window.buffer for window in windows] == store.pinned_buffers()
-            image = store.pin_images * pin_bytes(config)
-            assert all(window.offset == 0 and window.nbytes == image for window in windows)
+            image = pin_bytes(config)
+            assert [(w.buffer, w.offset, w.nbytes) for w in windows] == [
+                (buffer, index * image, image)
+                for buffer in store.pinned_buffers()
+                for index in range(store.pin_images)
+            ]
             resident = [(file, n) for file, n in await page_cache_reads(ctx) if n > 0]
             monkeypatch.setattr(page_cache_limit, "AlignedBuffer", refuse)
             moved.append(await _to_device_pass(resident, store.device, windows, 1))

@@ -11,7 +11,7 @@ import torch
 from dualblade.bench.pipebench import _raw_buffers, _raw_pass, direct_only, prefill_random
 from dualblade.bench.pipebench_device_raw import DeviceLane, device_lanes, raw_device_pass
 from dualblade.io_engine import AlignedBuffer, IOEngineError, StorageSlots
-from dualblade.pipeline import config_from_mapping, pin_bytes
+from dualblade.pipeline import config_from_mapping
 from dualblade.store import open_store
 
 pytestmark = pytest.mark.anyio
@@ -82,14 +82,6 @@ async def test_a_raw_read_lands_at_its_buffer_offset(tmp_path: Path) -> None:
                 )
 
 
-def test_device_lanes_refuse_a_buffer_smaller_than_its_images() -> None:
-    with AlignedBuffer(4096) as small, pytest.raises(ValueError, match="smaller than its 1 image"):
-        device_lanes([small], 8192, torch.device("cuda"), 1)
-    # one image and some room (for rows) is not two images
-    with AlignedBuffer(12288) as room, pytest.raises(ValueError, match="smaller than its 2 image"):
-        device_lanes([room], 8192, torch.device("cuda"), 2)
-
-
 async def test_the_device_raw_side_refuses_extents_larger_than_its_images(tmp_path: Path) -> None:
     config = _config(tmp_path)
     async with open_store(config, device="cpu") as store, store.context() as ctx:
@@ -109,9 +101,7 @@ async def test_the_device_raw_side_copies_each_lanes_reads_to_the_device(tmp_pat
     async with open_store(config, device="cuda") as store, store.context() as ctx:
         await prefill_random(ctx, store)
         extents = list(await ctx.direct_map())
-        lanes = device_lanes(
-            store.pinned_buffers(), pin_bytes(config), store.device, store.pin_images
-        )
+        lanes = device_lanes(store.pinned_images(), store.device)
         assert len(lanes) == store.pin_images * config.copy_threads
         await raw_device_pass(store, ctx, lanes, StorageSlots(config.copy_threads))
         # each lane holds its last read: its device tensor against a fresh read of that extent
