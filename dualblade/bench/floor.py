@@ -57,8 +57,8 @@ from typing import Any
 import anyio
 import torch
 
-from dualblade.bench.page_cache_limit import FileToMove, HostWindow, measure_page_cache_limit
-from dualblade.io_engine import AlignedBuffer, PageCacheFile
+from dualblade.bench.page_cache_limit import FileToMove, measure_page_cache_limit
+from dualblade.io_engine import AlignedBuffer, BufferWindow, PageCacheFile
 from dualblade.pipeline import KpuId, Medium
 from dualblade.store import KVContext, KVStore
 
@@ -263,7 +263,7 @@ async def _direct_pass(
 async def _to_device_pass(
     resident: list[tuple[PageCacheFile, int]],
     device: torch.device,
-    memory: Sequence[HostWindow],
+    memory: Sequence[BufferWindow],
     repeats: int,
 ) -> PassTime:
     """The resident files moved to ``device`` (see the module) through pieces of ``memory``,
@@ -282,13 +282,6 @@ async def _to_device_pass(
         for run in runs:
             by_threads[run.threads] = max(by_threads.get(run.threads, 0.0), run.bytes_per_s)
     return PassTime(nbytes, tuple(seconds), tuple(sorted(by_threads.items())))
-
-
-def store_images(store: KVStore) -> list[HostWindow]:
-    """The copy threads' KPU images (``KVStore.pinned_images``), a window each: memory to lend a
-    reference while no transfer runs. A piece never spans two images, as no transfer of the
-    pipeline does."""
-    return [HostWindow(image.buffer, image.offset, image.nbytes) for image in store.pinned_images()]
 
 
 async def _file_passes(
@@ -337,7 +330,7 @@ async def _file_passes(
         )
         if store.device.type == "cuda":
             device_pass = await _to_device_pass(
-                resident, store.device, store_images(store), repeats
+                resident, store.device, store.pinned_images(), repeats
             )
     if cold:
         # A miss the way the page-cache path meets one: a buffered read of pages not in the

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dualblade.io_engine import AlignedBuffer
+from dualblade.io_engine import AlignedBuffer, BufferWindow
 
 CUDA_PIECE_BYTES = 64 << 20
 HOST_PIECE_BYTES = 4 << 20
@@ -51,26 +51,6 @@ class FileToMove:
 
     fd: int
     nbytes: int
-
-
-@dataclass(frozen=True)
-class HostWindow:
-    """``nbytes`` of ``buffer`` from ``offset``: memory a caller lends for the pieces."""
-
-    buffer: AlignedBuffer
-    offset: int
-    nbytes: int
-
-    def __post_init__(self) -> None:
-        if self.offset < 0 or self.nbytes <= 0 or self.offset + self.nbytes > self.buffer.size:
-            raise ValueError(
-                f"a window of {self.nbytes} bytes at {self.offset} is not inside a "
-                f"{self.buffer.size}-byte buffer"
-            )
-
-    @classmethod
-    def whole(cls, buffer: AlignedBuffer) -> HostWindow:
-        return cls(buffer, 0, buffer.size)
 
 
 @dataclass(frozen=True)
@@ -170,7 +150,7 @@ def _one_count(
     return time.perf_counter() - start
 
 
-def _largest_piece(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
+def _largest_piece(windows: Sequence[BufferWindow], movers: int, cap: int) -> int:
     """The largest whole-page piece of at most ``cap`` bytes (rounded up to a page) of which
     ``windows`` hold two for each of ``movers`` threads; 0 if not even a page fits."""
     wanted = 2 * movers
@@ -184,7 +164,7 @@ def _largest_piece(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
     return low * _PAGE
 
 
-def _piece_for(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
+def _piece_for(windows: Sequence[BufferWindow], movers: int, cap: int) -> int:
     """:func:`_largest_piece`, refusing windows that hold not even two pages a thread.
 
     Raises:
@@ -200,7 +180,7 @@ def _piece_for(windows: Sequence[HostWindow], movers: int, cap: int) -> int:
 
 
 def _carved(
-    windows: Sequence[HostWindow], movers: int, cap: int, device: torch.device
+    windows: Sequence[BufferWindow], movers: int, cap: int, device: torch.device
 ) -> tuple[int, list[list[tuple[memoryview, torch.Tensor]]]]:
     """Two pieces per mover out of ``windows`` (their buffers page-locked first, on CUDA): the
     piece size (:func:`_piece_for`), and each mover's pieces."""
@@ -223,7 +203,7 @@ def measure_page_cache_limit(
     *,
     passes: int,
     counts: Sequence[int] | None = None,
-    memory: Sequence[HostWindow] | None = None,
+    memory: Sequence[BufferWindow] | None = None,
 ) -> list[LimitRun]:
     """Each thread count's rate (default: :func:`thread_counts`) for moving ``files`` to
     ``device`` ``passes`` times (blocking: run it in a worker thread). The files' pages should be
@@ -257,7 +237,7 @@ def measure_page_cache_limit(
 def _lent_count(
     files: Sequence[FileToMove],
     device: torch.device,
-    memory: Sequence[HostWindow],
+    memory: Sequence[BufferWindow],
     count: int,
     passes: int,
     cap: int,

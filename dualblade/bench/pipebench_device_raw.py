@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import anyio
 import torch
 
-from dualblade.io_engine import AlignedBuffer, StorageSlots
+from dualblade.io_engine import AlignedBuffer, BufferWindow, StorageSlots
 from dualblade.pipeline import KpuExtent
-from dualblade.store import KVContext, KVStore, PinnedImage
+from dualblade.store import KVContext, KVStore
 
 
 @dataclass
@@ -53,7 +53,7 @@ class DeviceLane:
             self.copied = None
 
 
-def device_lanes(images: Sequence[PinnedImage], device: torch.device) -> list[DeviceLane]:
+def device_lanes(images: Sequence[BufferWindow], device: torch.device) -> list[DeviceLane]:
     """A lane per pinned KPU image (the store's ``KVStore.pinned_images``: one or two per copy
     thread's buffer, the room for appended rows left out), each with device memory of its size
     and a stream of its own."""

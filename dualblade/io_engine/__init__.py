@@ -7,6 +7,7 @@ thread-pool compatibility engine where io_uring is unavailable).
 
 from dualblade.io_engine._waker import LoopCaller as LoopCaller
 from dualblade.io_engine._waker import loop_caller as loop_caller
+from dualblade.io_engine.buffer_window import BufferWindow as BufferWindow
 from dualblade.io_engine.buffers import HUGE_PAGE_SIZE as HUGE_PAGE_SIZE
 from dualblade.io_engine.buffers import PAGE_SIZE as PAGE_SIZE
 from dualblade.io_engine.buffers import AlignedBuffer as AlignedBuffer

@@ -30,7 +30,6 @@ from dualblade.store.errors import LayerLostError as LayerLostError
 from dualblade.store.kv_store import KVStore as KVStore
 from dualblade.store.kv_store import open_store as open_store
 from dualblade.store.pin_layout import PinLayout as PinLayout
-from dualblade.store.pin_layout import PinnedImage as PinnedImage
 from dualblade.store.pin_layout import pin_layout_for as pin_layout_for
 from dualblade.store.read_buffers import ReadBuffers as ReadBuffers
 from dualblade.store.reclaim import Reclaimed as Reclaimed

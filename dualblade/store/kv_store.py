@@ -38,7 +38,14 @@ from dualblade.actors import (
     TrafficChanged,
 )
 from dualblade.errors import ConfigError, plain_errors
-from dualblade.io_engine import AlignedBuffer, ChunkObserver, PageCacheFile, StorageSlots, Target
+from dualblade.io_engine import (
+    AlignedBuffer,
+    BufferWindow,
+    ChunkObserver,
+    PageCacheFile,
+    StorageSlots,
+    Target,
+)
 from dualblade.pipeline import (
     PipelineConfig,
     Plan,
@@ -49,7 +56,7 @@ from dualblade.pipeline import (
 )
 from dualblade.store.context import KVContext
 from dualblade.store.context_shape import context_config
-from dualblade.store.pin_layout import PinnedImage, pinned_images
+from dualblade.store.pin_layout import pinned_images
 from dualblade.store.read_buffers import ReadBuffers
 from dualblade.store.replanner import BUDGETED_MEDIA, Replanner
 from dualblade.store.residency_ledger import ResidencyLedger
@@ -288,7 +295,7 @@ class KVStore:
         reads into, and only while no transfer runs."""
         return list(self.runtime.buffers)
 
-    def pinned_images(self) -> list[PinnedImage]:
+    def pinned_images(self) -> list[BufferWindow]:
         """The KPU images of :meth:`pinned_buffers`, each where its copy thread places it, the
         room for rows left out: what a reference moving bytes as the pipeline does reads into,
         and only while no transfer runs."""

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualblade.actors import ROW_STAGING_BYTES
-from dualblade.io_engine import AlignedBuffer
+from dualblade.io_engine import AlignedBuffer, BufferWindow
 from dualblade.pipeline import PipelineConfig, pin_images_for, pin_images_in_plan
 
 
@@ -57,29 +57,9 @@ def pin_layout_for(
     return PinLayout(images, row_room)
 
 
-@dataclass(frozen=True)
-class PinnedImage:
-    """One KPU image of a copy thread's pinned buffer: ``nbytes`` of ``buffer`` from ``offset``.
-
-    Raises:
-        ValueError: the image is empty or does not lie inside the buffer.
-    """
-
-    buffer: AlignedBuffer
-    offset: int
-    nbytes: int
-
-    def __post_init__(self) -> None:
-        if self.offset < 0 or self.nbytes <= 0 or self.offset + self.nbytes > self.buffer.size:
-            raise ValueError(
-                f"an image of {self.nbytes} bytes at {self.offset} does not lie inside a "
-                f"{self.buffer.size}-byte pinned buffer"
-            )
-
-
 def pinned_images(
     buffers: Sequence[AlignedBuffer], images: int, image_bytes: int
-) -> list[PinnedImage]:
+) -> list[BufferWindow]:
     """Each buffer's ``images`` KPU images of ``image_bytes``, in buffer order, image ``i`` at
     ``i * image_bytes`` as a copy thread places them (``actors/copy_thread.py``); the room for
     rows after them is no image.
@@ -90,7 +70,7 @@ def pinned_images(
     if images < 1:
         raise ValueError(f"a pinned buffer holds at least one KPU image, not {images}")
     return [
-        PinnedImage(buffer, image * image_bytes, image_bytes)
+        BufferWindow(buffer, image * image_bytes, image_bytes)
         for buffer in buffers
         for image in range(images)
     ]

@@ -19,11 +19,10 @@ from dualblade.bench.floor import (
     decode_floor,
     measure_floor_rates,
     page_cache_reads,
-    store_images,
 )
-from dualblade.bench.page_cache_limit import HostWindow, thread_counts
+from dualblade.bench.page_cache_limit import thread_counts
 from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
-from dualblade.io_engine import AlignedBuffer, PageCacheFile
+from dualblade.io_engine import AlignedBuffer, BufferWindow, PageCacheFile
 from dualblade.pipeline import PipelineConfig, config_from_mapping, pin_bytes
 from dualblade.store import KVContext, open_store
 
@@ -98,7 +97,7 @@ async def test_the_move_to_the_device_times_every_resident_byte(tmp_path: Path) 
             moved = await _to_device_pass(
                 list(zip(files, sizes, strict=True)),
                 torch.device("cpu"),
-                [HostWindow.whole(memory)],
+                [BufferWindow.whole(memory)],
                 repeats=2,
             )
         assert moved.nbytes == sum(sizes)
@@ -212,7 +211,7 @@ async def test_the_move_to_the_device_borrows_the_stores_pinned_images(
     async with open_store(config, device="cpu") as store:
 
         async def after_decode(ctx: KVContext) -> None:
-            windows = store_images(store)
+            windows = store.pinned_images()
             image = pin_bytes(config)
             assert [(w.buffer, w.offset, w.nbytes) for w in windows] == [
                 (buffer, index * image, image)

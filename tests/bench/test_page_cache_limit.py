@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dualblade.bench import page_cache_limit
-from dualblade.bench.page_cache_limit import FileToMove, HostWindow, measure_page_cache_limit
-from dualblade.io_engine import AlignedBuffer
+from dualblade.bench.page_cache_limit import FileToMove, measure_page_cache_limit
+from dualblade.io_engine import AlignedBuffer, BufferWindow
 
 
 def _file(path: Path, nbytes: int, seed: int) -> tuple[int, bytes]:
@@ -86,7 +86,7 @@ def test_pieces_carved_from_lent_windows_move_every_byte_and_allocate_none(
     opened = [_file(tmp_path / f"f{i}", (90 + 41 * i) << 10, i) for i in range(3)]
     buffers = [AlignedBuffer(6 * 4096, huge=False) for _ in range(2)]
     # 4 pages of each buffer are lent, at page 1: 8 pages in all
-    windows = [HostWindow(buffer, 4096, 4 * 4096) for buffer in buffers]
+    windows = [BufferWindow(buffer, 4096, 4 * 4096) for buffer in buffers]
     moved: list[bytes] = []
     sizes: dict[int, set[int]] = {}
     real_copy = page_cache_limit._Mover._copy
@@ -143,7 +143,7 @@ def test_the_largest_piece_is_the_largest_that_fits(
     """Two pieces a thread fit the windows, a page more would not (or pass the cap), and a
     piece is whole pages, never above the cap rounded up to a page."""
     with AlignedBuffer(64 * 4096, huge=False) as buffer:
-        windows = [HostWindow(buffer, 0, pages * 4096) for pages in window_pages]
+        windows = [BufferWindow(buffer, 0, pages * 4096) for pages in window_pages]
 
         def fits(piece: int) -> bool:
             return sum(window.nbytes // piece for window in windows) >= 2 * movers
@@ -160,11 +160,11 @@ def test_the_largest_piece_is_the_largest_that_fits(
 
 def test_a_window_outside_its_buffer_is_refused() -> None:
     with AlignedBuffer(4096, huge=False) as buffer:
-        with pytest.raises(ValueError, match="not inside a 4096-byte buffer"):
-            HostWindow(buffer, 4096, 1)
-        with pytest.raises(ValueError, match="not inside"):
-            HostWindow(buffer, 0, 0)
-        assert HostWindow.whole(buffer).nbytes == 4096
+        with pytest.raises(ValueError, match="does not lie inside a 4096-byte buffer"):
+            BufferWindow(buffer, 4096, 1)
+        with pytest.raises(ValueError, match="does not lie inside"):
+            BufferWindow(buffer, 0, 0)
+        assert BufferWindow.whole(buffer).nbytes == 4096
 
 
 def test_windows_too_small_for_two_pages_a_thread_are_refused(tmp_path: Path) -> None:
@@ -179,7 +179,7 @@ def test_windows_too_small_for_two_pages_a_thread_are_refused(tmp_path: Path) ->
                 torch.device("cpu"),
                 passes=1,
                 counts=(1, 2),
-                memory=[HostWindow.whole(memory)],
+                memory=[BufferWindow.whole(memory)],
             )
     finally:
         os.close(fd)

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dualblade.io_engine import AlignedBuffer
+from dualblade.io_engine import AlignedBuffer, BufferWindow
 from dualblade.pipeline import pin_bytes
-from dualblade.store import PinnedImage, open_store
+from dualblade.store import open_store
 from dualblade.store.pin_layout import pinned_images
 
 PAGE = 4096
@@ -45,12 +45,12 @@ def test_images_lie_end_to_end_from_the_start_and_leave_the_room_alone(
 
 def test_a_buffer_smaller_than_its_images_is_refused() -> None:
     with AlignedBuffer(3 * PAGE) as room:  # one image and room for rows is not two images
-        with pytest.raises(ValueError, match="does not lie inside a 12288-byte pinned buffer"):
+        with pytest.raises(ValueError, match="does not lie inside a 12288-byte buffer"):
             pinned_images([room], 2, 2 * PAGE)
         with pytest.raises(ValueError, match="at least one KPU image"):
             pinned_images([room], 0, PAGE)
         with pytest.raises(ValueError, match="does not lie inside"):
-            PinnedImage(room, -PAGE, PAGE)
+            BufferWindow(room, -PAGE, PAGE)
 
 
 @pytest.mark.anyio
