@@ -299,7 +299,7 @@ class KVStore:
         """The KPU images of :meth:`pinned_buffers`, each where its copy thread places it, the
         room for rows left out: what a reference moving bytes as the pipeline does reads into,
         and only while no transfer runs."""
-        return pinned_images(self.runtime.buffers, self.pin_images, pin_bytes(self.config))
+        return pinned_images(self.runtime.buffers, self.pin_images, pin_bytes(self.runtime.config))
 
     @property
     def pin_images(self) -> int:
