@@ -22,7 +22,7 @@ import anyio
 import torch
 from anyio.abc import TaskGroup, TaskStatus
 
-from dualblade.actors import row_staging, transfer_pieces
+from dualblade.actors import pinned_images, row_staging, transfer_pieces
 from dualblade.actors._base import Actor, ActorStoppedError, Reply
 from dualblade.actors._ranges import RangeLocks
 from dualblade.actors.buffer_views import BufferViews
@@ -90,9 +90,9 @@ class CopyThreadActor(Actor[CopyMessage]):
         self.co_dma_transfers = 0
         self.bytes_stored = 0
         self._ranges = RangeLocks()
-        self.images = images
         staging = row_staging.ROW_STAGING_BYTES if rows_aside else 0
         self.image_bytes = (buffer.size - staging) // images
+        self.image_windows = pinned_images.image_windows(buffer, images, self.image_bytes)
         #: the room for rows, where small stores run without a lease (None: none)
         self.rows = row_staging.RowStaging(images * self.image_bytes) if rows_aside else None
         self.piece_bytes = transfer_pieces.piece_bytes_for(
@@ -158,7 +158,7 @@ class CopyThreadActor(Actor[CopyMessage]):
 
     async def _transfer(self, message: CopyMessage, image: int) -> None:
         try:
-            await self._answered(message, image * self.image_bytes)
+            await self._answered(message, self.image_windows[image].offset)
         finally:
             self._release(image)
 
@@ -231,7 +231,7 @@ class CopyThreadActor(Actor[CopyMessage]):
         copy chained on the engine's thread), or say that it cannot be one."""
         if not isinstance(message, Load) or not self.dma.cuda:
             return False
-        placed = in_image(message, image * self.image_bytes)
+        placed = in_image(message, self.image_windows[image].offset)
         assert isinstance(placed, Load)
         pieces = split_pieces(placed.span, placed.view, self.piece_bytes)
         span, view, _ = pieces[0]

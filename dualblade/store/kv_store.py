@@ -52,11 +52,9 @@ from dualblade.pipeline import (
     layer_page_cache_bytes,
     make_plan,
     page_cache_order,
-    pin_bytes,
 )
 from dualblade.store.context import KVContext
 from dualblade.store.context_shape import context_config
-from dualblade.store.pin_layout import pinned_images
 from dualblade.store.read_buffers import ReadBuffers
 from dualblade.store.replanner import BUDGETED_MEDIA, Replanner
 from dualblade.store.residency_ledger import ResidencyLedger
@@ -296,10 +294,10 @@ class KVStore:
         return list(self.runtime.buffers)
 
     def pinned_images(self) -> list[BufferWindow]:
-        """The KPU images of :meth:`pinned_buffers`, each where its copy thread places it, the
-        room for rows left out: what a reference moving bytes as the pipeline does reads into,
-        and only while no transfer runs."""
-        return pinned_images(self.runtime.buffers, self.pin_images, pin_bytes(self.runtime.config))
+        """The KPU images of :meth:`pinned_buffers`, the windows its copy threads place KPUs in
+        (the room for rows left out): what a reference moving bytes as the pipeline does reads
+        into, and only while no transfer runs."""
+        return [window for thread in self.runtime.pool.threads for window in thread.image_windows]
 
     @property
     def pin_images(self) -> int:

@@ -1,19 +1,16 @@
 """How a store lays out each copy thread's pinned buffer: KPU images, then room for rows.
 
-One answer for the store that allocates the buffers (``runtime.py``), for ``dualblade plan
---device``, which shows the budget such a store would derive (the reservation the budget
-subtracts is these bytes, so the two must never disagree), and for the references that read
-into the images as the pipeline does (:func:`pinned_images`: the bench's floor and
-``dualblade pipebench``'s device lanes), which must not take the room for rows for an image.
+One answer for the store that allocates the buffers (``runtime.py``) and for ``dualblade plan
+--device``, which shows the budget such a store would derive: the reservation the budget
+subtracts is these bytes, so the two must never disagree. Where each image lies in the buffer
+is the copy thread's answer (``actors/pinned_images.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dualblade.actors import ROW_STAGING_BYTES
-from dualblade.io_engine import AlignedBuffer, BufferWindow
 from dualblade.pipeline import PipelineConfig, pin_images_for, pin_images_in_plan
 
 
@@ -55,22 +52,3 @@ def pin_layout_for(
         config, device_type, memory_limit, row_room=row_room, reserved=reserved
     )
     return PinLayout(images, row_room)
-
-
-def pinned_images(
-    buffers: Sequence[AlignedBuffer], images: int, image_bytes: int
-) -> list[BufferWindow]:
-    """Each buffer's ``images`` KPU images of ``image_bytes``, in buffer order, image ``i`` at
-    ``i * image_bytes`` as a copy thread places them (``actors/copy_thread.py``); the room for
-    rows after them is no image.
-
-    Raises:
-        ValueError: a buffer is smaller than its images, or ``images`` is below 1.
-    """
-    if images < 1:
-        raise ValueError(f"a pinned buffer holds at least one KPU image, not {images}")
-    return [
-        BufferWindow(buffer, image * image_bytes, image_bytes)
-        for buffer in buffers
-        for image in range(images)
-    ]
