@@ -162,7 +162,10 @@ class Tracer:
         return {
             "traceEvents": events,
             "displayTimeUnit": "ms",
-            "otherData": {"dropped_events": self.dropped},
+            # The time base as a CLOCK_MONOTONIC reading (Linux's perf_counter), so that
+            # samples taken outside the process (cgroup files, the disk's counters) can be
+            # put on the trace's axis.
+            "otherData": {"dropped_events": self.dropped, "monotonic_t0_s": self._t0},
         }
 
     def tracks(self) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 
 import pytest
 
@@ -74,6 +75,19 @@ async def test_disabled_tracer_records_nothing(make_config):
     async with open_store(make_config("direct"), device="cpu", tracer=tracer) as store:
         await run_kv_workload(store, decode_steps=1)
     assert tracer.document()["traceEvents"] == []
+
+
+def test_trace_time_base_is_a_monotonic_reading():
+    """An event's ``ts`` plus the document's ``monotonic_t0_s`` is the CLOCK_MONOTONIC time it
+    was recorded at, so samples taken outside the process line up with the trace."""
+    tracer = Tracer()
+    before = time.monotonic()
+    tracer.instant("probe", "mark")
+    after = time.monotonic()
+    document = tracer.document()
+    (mark,) = [e for e in document["traceEvents"] if e.get("name") == "mark"]
+    at = document["otherData"]["monotonic_t0_s"] + mark["ts"] / 1e6
+    assert before <= at <= after
 
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*) (\S+)$")
