@@ -8,10 +8,11 @@ How ``B_pc`` is derived (DESIGN §2, the budgeter):
   host's ``MemTotal``; without a cgroup limit, ``MemTotal``; or a limit given explicitly
   (``--memory-limit``, ``memory.limit``) to plan for a machine other than this one.
 - ``in_use``: memory already taken that the page cache cannot reclaim: the cgroup's usage minus its
-  file-backed LRU pages that no process maps (mapped ones are the processes' code and libraries),
-  raised if the *host* has less available than the cgroup would allow (a
-  cgroup limit above what the host has free must not be spent twice). For an explicit limit it is
-  0: the plan is for a process that has not started yet.
+  file-backed LRU pages that no process maps (mapped ones are the processes' code and libraries)
+  and its reclaimable kernel memory (cgroup v2: mostly the page cache's own metadata, which goes
+  with the pages; see ``CgroupMemory.reclaimable_kernel_bytes``), raised if the *host* has less
+  available than the cgroup would allow (a cgroup limit above what the host has free must not be
+  spent twice). For an explicit limit it is 0: the plan is for a process that has not started yet.
 - ``N_threads * M_pin``: one pinned KPU-sized buffer per copy thread (Co-DMA), page-locked and
   therefore never available to the page cache. The caller passes it while the buffers are not
   allocated yet; once they are, they already show up in ``in_use``.

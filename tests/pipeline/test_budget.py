@@ -93,6 +93,36 @@ def test_limit_from_cgroup():
     assert limit.source == "cgroup v2 /svc"
 
 
+def test_writing_the_page_cache_leaves_the_budget_where_it_was():
+    """What the kernel charges for the page cache's own metadata (reclaimable slab: ext4's
+    buffer heads, about 2.7 % of the cached bytes) goes with the pages, so a budget read after
+    the store wrote its layers equals the one read before: the plan made on the first reading
+    still fits the later ones."""
+    before = CgroupMemory(2, "/run", 11 * GIB, usage_bytes=GIB, file_bytes=0)
+    written = 8 * GIB
+    metadata = int(written * 0.027)
+    after = CgroupMemory(
+        2,
+        "/run",
+        11 * GIB,
+        usage_bytes=GIB + written + metadata,
+        file_bytes=written,
+        reclaimable_kernel_bytes=metadata,
+    )
+    host = HostMemory(total_bytes=128 * GIB, available_bytes=100 * GIB, file_bytes=0)
+    budgets = [
+        derive_budget(
+            limit_from_snapshot(MemorySnapshot(host, cgroup)),
+            pin_bytes=64 * MIB,
+            copy_threads=4,
+            safety_margin=GIB,
+            safety_fraction=0.05,
+        ).page_cache_bytes
+        for cgroup in (before, after)
+    ]
+    assert budgets[0] == budgets[1] == 11 * GIB - GIB - 4 * 64 * MIB - GIB
+
+
 def test_host_caps_a_generous_cgroup():
     host = HostMemory(total_bytes=16 * GIB, available_bytes=3 * GIB, file_bytes=0)
     cgroup = CgroupMemory(1, "/x", 32 * GIB, usage_bytes=0, file_bytes=0)
