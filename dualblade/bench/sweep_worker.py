@@ -221,6 +221,9 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
                 )
             tg.cancel_scope.cancel()
         metrics = store.metrics()
+        # the moves the re-planner made: a demotion in a run means its budget fell under its
+        # plan (at 11 GiB on the GPU, by the page cache's own metadata before 0e99844)
+        ledger = store.stats().ledger.to_dict()
         placement = store.plan.placement
         budget = store.plan.budget.to_dict()
     clock = result.clock
@@ -239,6 +242,7 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
         "verified_bytes": result.verified_bytes,
         "page_cache_budget_bytes": metrics["page_cache_budget_bytes"],
         "budget": budget,
+        "ledger": ledger,
         # The context's own plan (a later budget change re-plans only new contexts); with
         # --compute the context is the model's, and the store's plan at the end stands in.
         "path_split": {

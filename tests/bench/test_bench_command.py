@@ -102,6 +102,10 @@ def test_tiny_sweep_writes_results_plots_and_checked_reads(tmp_path: Path) -> No
         else:  # the baseline has no direct extents: its files alone are read
             assert passes["direct"] is None
             assert (passes["resident"] or passes["file_disk"])["bytes"] > 0
+    for run in report["runs"]:
+        # the re-planner's moves are in every run's record, and none of them failed
+        assert run["ledger"]["failed_moves"] == 0
+        assert min(run["ledger"]["demotions"], run["ledger"]["promotions"]) >= 0
     for name in ("decode.png", "prefill.png", "hit_rate.png", "throughput.png", "results.md"):
         assert (out / name).stat().st_size > 0
     assert "floors" in report["claims"]
