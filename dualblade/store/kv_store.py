@@ -202,12 +202,7 @@ class KVStore:
         return x if self._budget_cap is None else min(x, self._budget_cap)
 
     async def _on_budget(self, budget: Budget) -> None:
-        # Half the safety margin is the reading's slack (see the re-planner's docstring), where
-        # the reading is what binds: a knob X or an operator's cap below it is held exactly.
-        derived = self.runtime.plan.budget
-        ledger_budget = self._ledger_budget()
-        slack = derived.safety_margin_bytes // 2 if ledger_budget >= derived.page_cache_bytes else 0
-        self.replanner.follow_budget(ledger_budget, reading=True, slack=slack)
+        self.replanner.follow_budget(self._ledger_budget(), reading=True)
 
     def set_page_cache_budget(self, nbytes: int | None) -> None:
         """Cap the page-cache budget the contexts share at ``nbytes`` (None: no cap; the

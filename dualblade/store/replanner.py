@@ -19,17 +19,6 @@ opens or closes and when the budget changes (the budgeter's readings, or
    soon has the kernel write its pages back, so it costs more than the first few of the disk
    reads that the page cache then saves, one a step.
 
-A budgeter reading that falls under what is placed demotes only once the placed bytes exceed
-it by more than its *slack*, half the budget's safety margin (:class:`KVStore` passes it). The
-margin is the headroom left for the runtime's own allocations and the kernel's watermarks, but
-a reading already counts the runtime's allocations in use, so without the slack they were
-taken from the page-cache layers as well: a prefill's tensors and the page cache's own metadata
-pulled the budget under the plan it had been made against, and the store demoted layers it
-could afford. In the quick preset every run demoted 2-3 layers so; with the slack none at
-0.75 GiB and one at 1.69 and 2 GiB, decode medians 3.70 / 2.07 / 1.70 s against 3.87 / 2.29 /
-1.68, the page-cache path's hit rate still 1.0 (docs/bench.md, thirtieth session). An operator's
-cap has no slack: it is held exactly.
-
 Moves run one at a time, each between the layer's uses (:meth:`KVContext.move_layer`), so a
 reader waits for at most one layer's move. They yield the copy threads to decode steps, except
 demotions while the ledger is over the budget: the kernel would evict the pages otherwise.
@@ -98,22 +87,17 @@ class Replanner:
         self.enabled = True
         self._settle = 0.0
         self._over_budget = anyio.Event()  # cuts a settling wait short
-        self._slack = 0  # bytes placed beyond the budget that demote nothing (module docstring)
 
-    def follow_budget(self, budget_bytes: int, *, reading: bool, slack: int = 0) -> None:
-        """A new page-cache budget: the ledger's at once (demotions follow it once the placed
-        bytes exceed it by more than ``slack``), and, if it is a budgeter ``reading``, one more
-        for the low watermark that promotions plan against (an operator's cap holds at once,
-        both ways, and exactly: its slack is 0)."""
-        if slack < 0:
-            raise ValueError(f"a budget's slack must be >= 0 bytes, got {slack}")
+    def follow_budget(self, budget_bytes: int, *, reading: bool) -> None:
+        """A new page-cache budget: the ledger's at once (demotions follow it), and, if it is a
+        budgeter ``reading``, one more for the low watermark that promotions plan against (an
+        operator's cap holds at once, both ways)."""
         self.ledger.set_budget(budget_bytes)
-        self._slack = slack if reading else 0
         if reading:
             self._readings.observe(budget_bytes)
         else:
             self._readings.reset(budget_bytes)
-        if self.ledger.over_budget_bytes > self._slack:
+        if self.ledger.over_budget_bytes > 0:
             self._over_budget.set()
         self.wake()
 
@@ -148,7 +132,7 @@ class Replanner:
                 self._idle.set()
 
     async def _demote(self, skipped: set[int]) -> None:
-        targets = self.ledger.targets(slack=self._slack)
+        targets = self.ledger.targets()
         # The youngest first: under FirstComeShares the oldest keep theirs longest.
         for context in reversed(self.ledger.contexts()):
             ctx = self._contexts.get(context)
@@ -160,7 +144,7 @@ class Replanner:
                 if len(charged) <= targets.get(context, 0):
                     break
                 layer = _to_demote(ctx, charged)
-                urgent = self.ledger.over_budget_bytes > self._slack
+                urgent = self.ledger.over_budget_bytes > 0
                 if await self._move(ctx, layer, outside, skipped, urgent=urgent):
                     self.ledger.credit(context, layer)
                     self.ledger.demotions += 1

@@ -189,12 +189,11 @@ class ResidencyLedger:
     def over_budget_bytes(self) -> int:
         return max(0, self.placed_bytes - self.budget_bytes)
 
-    def targets(self, budget_bytes: int | None = None, *, slack: int = 0) -> dict[int, int]:
+    def targets(self, budget_bytes: int | None = None) -> dict[int, int]:
         """Per context, how many layers (the first of its order) the share policy gives it of
-        the budget (or of ``budget_bytes``, if lower), ``slack`` bytes more (the re-planner's
-        demotions follow a reading only beyond its slack)."""
+        the budget (or of ``budget_bytes``, if lower)."""
         demands = [entry.demand for entry in self._entries.values()]
-        return dict(self.policy.shares(self._capped(budget_bytes) + slack, demands))
+        return dict(self.policy.shares(self._capped(budget_bytes), demands))
 
     def _capped(self, budget_bytes: int | None) -> int:
         return self.budget_bytes if budget_bytes is None else min(self.budget_bytes, budget_bytes)

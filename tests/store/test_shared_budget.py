@@ -412,49 +412,6 @@ async def test_the_budgeters_readings_replan_live_contexts(
             await requests.check(ctx, layer)
 
 
-async def test_a_reading_demotes_only_beyond_half_the_safety_margin(
-    make_config: MakeConfig,
-) -> None:
-    """A reading counts the runtime's own allocations in use, and the safety margin is the
-    headroom kept for them: placed layers beyond a reading by less than half the margin stay;
-    a reading further down demotes to what it allows plus that half. A cap is held exactly."""
-    from dualblade.actors import Budget, Reply
-    from dualblade.actors.budgeter import Refresh
-    from dualblade.pipeline import MemoryLimit, derive_budget
-
-    config = _config(make_config)
-    requests = Requests(config)
-    margin = 2 * LAYER_BYTES  # half of it, one layer, is a reading's slack
-
-    async def reading(store: KVStore, page_cache: int) -> None:
-        detail = derive_budget(
-            MemoryLimit(page_cache + margin, 0, "a test's reading"),
-            pin_bytes=0,
-            copy_threads=config.copy_threads,
-            safety_margin=margin,
-            safety_fraction=0.0,
-        )
-        assert detail.page_cache_bytes == page_cache
-        store.runtime.budgeter._read = lambda: Budget(page_cache, None, detail=detail)
-        reply: Reply[Budget] = Reply()
-        await store.runtime.budgeter.ask(Refresh(reply), reply)
-        await store.replanned()
-
-    async with all_resident(config, requests, 5) as (store, ctx):
-        store.runtime.budgeter.min_change = 1
-        await reading(store, 3 * LAYER_BYTES + LAYER_BYTES // 2)  # half a layer under
-        assert ctx.resident_layers == LAYERS
-        assert store.stats().ledger.demotions == 0
-        await reading(store, 2 * LAYER_BYTES + LAYER_BYTES // 2)  # one and a half under
-        assert ctx.resident_layers == 3  # 2.5 layers and the slack's one
-        assert store.stats().ledger.demotions == 1
-        store.set_page_cache_budget(2 * LAYER_BYTES)  # an operator's cap has no slack
-        await store.replanned()
-        assert ctx.resident_layers == 2
-        for layer in range(LAYERS):
-            await requests.check(ctx, layer)
-
-
 async def test_a_higher_reading_promotes_only_once_it_has_held(make_config: MakeConfig) -> None:
     """Demotions follow a lower reading at once; promotions wait until a higher one has held
     for GROWTH_WINDOW_S, so a reading that comes and goes moves no layer in and out again."""
