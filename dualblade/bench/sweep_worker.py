@@ -221,8 +221,8 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
                 )
             tg.cancel_scope.cancel()
         metrics = store.metrics()
-        # the moves the re-planner made: a demotion in a run means its budget fell under its
-        # plan (at 11 GiB on the GPU, by the page cache's own metadata before 0e99844)
+        # the moves the re-planner made: a demotion in a single-context run means the budget
+        # fell under the plan the context was opened with (docs/bench.md, thirtieth session)
         ledger = store.stats().ledger.to_dict()
         placement = store.plan.placement
         budget = store.plan.budget.to_dict()
