@@ -15,11 +15,29 @@ store are set up, before the timed work: what is alive then lives as long as the
 the collector's later passes walk only what was made after. An application that embeds a store
 decides this for its own process (the LMCache adapter's ``freeze_gc`` is that choice made for
 LMCache's): the call belongs where its own setup ends.
+
+:class:`CollectorPauses` times the passes that still come, while it is installed: each one's
+generation and duration, on the trace (a ``python gc`` track) and summed per phase in the bench's
+records. Why: the setup is frozen, but the decode's own allocations still bring passes due, and
+each holds the GIL. On an H100 at 11 GiB, two decodes with the collector off took 1.88 and 2.16 s
+against 2.56 and 2.41 s with it on, one invocation after the other (docs/bench.md, thirty-first
+session): too few runs to act on, and nothing measured where the passes fall.
 """
 
 from __future__ import annotations
 
 import gc
+import time
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from dualblade.telemetry import NULL_TRACER, Tracer
+
+#: The track the passes are drawn on.
+TRACK = "python gc"
+#: Passes kept at most; later ones are only counted.
+MAX_PAUSES = 100_000
 
 
 def freeze_setup() -> int:
@@ -32,3 +50,68 @@ def freeze_setup() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+@dataclass(frozen=True)
+class Pause:
+    """One pass of the cyclic collector: its generation, when it began (``time.perf_counter``)
+    and how long it held the interpreter."""
+
+    generation: int
+    start_s: float
+    seconds: float
+
+
+class CollectorPauses:
+    """Times every pass of the cyclic collector while installed (``with``; see the module).
+
+    A pass runs on whichever thread allocated, with the GIL held, one at a time, so its start
+    and end arrive in order. Args: ``tracer``: where the passes are drawn when it is removed
+    (disabled: nowhere). Not from the callback itself: a pass can begin inside the tracer's own
+    lock (an allocation there), and a callback that took the lock again would never return.
+    """
+
+    def __init__(self, tracer: Tracer = NULL_TRACER) -> None:
+        self.tracer = tracer
+        self.pauses: list[Pause] = []
+        self.uncounted = 0  # passes beyond MAX_PAUSES
+        self._started: float | None = None
+
+    def __enter__(self) -> CollectorPauses:
+        gc.callbacks.append(self._on_pass)
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        gc.callbacks.remove(self._on_pass)
+        for pause in self.pauses:
+            start = self.tracer.us(pause.start_s)
+            end = self.tracer.us(pause.start_s + pause.seconds)
+            self.tracer.complete(TRACK, f"gc gen{pause.generation}", start, end)
+
+    def _on_pass(self, phase: str, info: dict[str, Any]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+            return
+        start, self._started = self._started, None
+        if start is None:
+            return  # installed while a pass ran
+        if len(self.pauses) >= MAX_PAUSES:
+            self.uncounted += 1
+            return
+        self.pauses.append(Pause(int(info.get("generation", -1)), start, now - start))
+
+    def between(self, start_s: float, end_s: float) -> dict[str, Any]:
+        """The passes that began in ``[start_s, end_s)`` (``time.perf_counter`` readings):
+        how many of each generation, their total and their longest seconds."""
+        chosen = [p for p in self.pauses if start_s <= p.start_s < end_s]
+        return {
+            "passes": [sum(1 for p in chosen if p.generation == g) for g in range(3)],
+            "seconds": round(sum(p.seconds for p in chosen), 6),
+            "longest_s": round(max((p.seconds for p in chosen), default=0.0), 6),
+        }
