@@ -159,7 +159,7 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
         sequentiality,
     )
     from dualblade.bench.sweep_workload import derive_kv, read_buffers, run_sweep_workload
-    from dualblade.collector import freeze_setup
+    from dualblade.collector import CollectorPauses, freeze_setup
     from dualblade.errors import DualbladeError
     from dualblade.pipeline import config_from_mapping
     from dualblade.store import open_store
@@ -205,21 +205,22 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
             except (DualbladeError, OSError, ValueError) as error:
                 floor_errors.append(f"the floor's passes failed: {type(error).__name__}: {error}")
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(_sample_reads, store, samples)
-            if model is not None:
-                result = await _run_model(store, spec, model, on_phase, after_decode)
-            else:
-                result = await run_sweep_workload(
-                    store,
-                    decode_steps=spec["decode_steps"],
-                    data=data,
-                    buffers=buffers,
-                    verify=spec.get("verify", "sample"),
-                    on_phase=on_phase,
-                    after_decode=after_decode,
-                )
-            tg.cancel_scope.cancel()
+        with CollectorPauses(tracer) as pauses:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_sample_reads, store, samples)
+                if model is not None:
+                    result = await _run_model(store, spec, model, on_phase, after_decode)
+                else:
+                    result = await run_sweep_workload(
+                        store,
+                        decode_steps=spec["decode_steps"],
+                        data=data,
+                        buffers=buffers,
+                        verify=spec.get("verify", "sample"),
+                        on_phase=on_phase,
+                        after_decode=after_decode,
+                    )
+                tg.cancel_scope.cancel()
         metrics = store.metrics()
         # the moves the re-planner made: a demotion in a single-context run means the budget
         # fell under the plan the context was opened with (docs/bench.md, thirtieth session)
@@ -267,6 +268,11 @@ async def _run(spec: dict[str, Any], tracer: Tracer) -> dict[str, Any]:
         },
         "decode_throughput": _timeline(samples, clock.decode_start, clock.decode_end),
         "decode_step_ends_s": [round(t - clock.decode_start, 3) for t in clock.step_ends],
+        # the collector's passes, each holding the GIL (dualblade.collector.CollectorPauses)
+        "python_gc": {
+            "prefill": pauses.between(clock.prefill_start, clock.prefill_end),
+            "decode": pauses.between(clock.decode_start, clock.decode_end),
+        },
     }
     report.update(_phase_bytes(counters))
     report.update(_floor(report, floor_rates, floor_errors))

@@ -108,6 +108,11 @@ def test_tiny_sweep_writes_results_plots_and_checked_reads(tmp_path: Path) -> No
         # under the run's own budget
         ledger = run["ledger"]
         assert ledger["failed_moves"] == 0
+        # and the collector's passes of each phase (dualblade.collector.CollectorPauses)
+        for phase in ("prefill", "decode"):
+            passes = run["python_gc"][phase]
+            assert len(passes["passes"]) == 3
+            assert passes["seconds"] >= passes["longest_s"] >= 0
         if run["policy"] == "baseline":
             assert ledger["demotions"] == ledger["promotions"] == 0
         else:
