@@ -29,7 +29,6 @@ from __future__ import annotations
 import gc
 import time
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from dualblade.telemetry import NULL_TRACER, Tracer
@@ -81,12 +80,7 @@ class CollectorPauses:
         gc.callbacks.append(self._on_pass)
         return self
 
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         gc.callbacks.remove(self._on_pass)
         for pause in self.pauses:
             start = self.tracer.us(pause.start_s)
