@@ -35,8 +35,6 @@ from dualblade.telemetry import NULL_TRACER, Tracer
 
 #: The track the passes are drawn on.
 TRACK = "python gc"
-#: Passes kept at most; later ones are only counted.
-MAX_PAUSES = 100_000
 
 
 def freeze_setup() -> int:
@@ -73,7 +71,6 @@ class CollectorPauses:
     def __init__(self, tracer: Tracer = NULL_TRACER) -> None:
         self.tracer = tracer
         self.pauses: list[Pause] = []
-        self.uncounted = 0  # passes beyond MAX_PAUSES
         self._started: float | None = None
 
     def __enter__(self) -> CollectorPauses:
@@ -93,12 +90,8 @@ class CollectorPauses:
             self._started = now
             return
         start, self._started = self._started, None
-        if start is None:
-            return  # installed while a pass ran
-        if len(self.pauses) >= MAX_PAUSES:
-            self.uncounted += 1
-            return
-        self.pauses.append(Pause(int(info.get("generation", -1)), start, now - start))
+        if start is not None:  # else it was installed while a pass ran
+            self.pauses.append(Pause(info["generation"], start, now - start))
 
     def between(self, start_s: float, end_s: float) -> dict[str, Any]:
         """The passes that began in ``[start_s, end_s)`` (``time.perf_counter`` readings):
