@@ -12,7 +12,9 @@ run:
    measures its own decode floor right after its decode (:mod:`dualblade.bench.floor`).
 
 A run that fails (the kernel's OOM killer, an error) is recorded with its reason; the sweep goes
-on. Records of repeated runs are reduced to their medians.
+on. Each finished run is handed to ``on_record`` as it ends, so a sweep stopped part way (a
+timeout, Ctrl-C) still leaves the runs it finished. Records of repeated runs are reduced to their
+medians.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class SweepPlan:
 
 
 ProgressFn = Callable[[str, int, int], None]
+#: Called with each run's record as soon as the run ends (see the module).
+RecordFn = Callable[[dict[str, Any]], None]
 
 
 def _noop(_label: str, _done: int, _total: int) -> None:
@@ -110,7 +114,13 @@ class Sweep:
             path = path.parent
         return str(path)
 
-    def run(self) -> list[dict[str, Any]]:
+    def planned_runs(self) -> int:
+        """How many runs :meth:`run` makes."""
+        return len(run_order(self.plan.policies, self.plan.limits, self.plan.repeats))
+
+    def run(self, on_record: RecordFn | None = None) -> list[dict[str, Any]]:
+        """Every run of the plan, in :func:`run_order`; each record also goes to ``on_record``
+        as its run ends. The sweep's files are removed at the end, or when it is stopped."""
         plan = self.plan
         plan.work_dir.mkdir(parents=True, exist_ok=True)
         order = run_order(plan.policies, plan.limits, plan.repeats)
@@ -120,6 +130,8 @@ class Sweep:
                 self.progress(f"{policy}@{limit >> 20}MiB", index, len(order))
                 record = self._one(index, repeat, limit, policy)
                 records.append(record)
+                if on_record is not None:
+                    on_record(record)
             self.progress("done", len(order), len(order))
         finally:
             if not plan.keep_files:
@@ -136,28 +148,30 @@ class Sweep:
         run_dir.mkdir(exist_ok=True)
         out = run_dir / f"{index:03d}-{policy}-{limit}.json"
         spec_path = run_dir / f"{index:03d}-spec.json"
-        group = create_memory_cgroup(f"dualblade-bench-{os.getpid()}-{index}", limit)
-        spec = {
-            "compute": plan.compute,
-            "offload_dir": str(plan.work_dir / "flexgen"),
-            "config": pipeline,
-            "decode_steps": plan.decode_steps,
-            "cgroup_procs": str(group.path / "cgroup.procs"),
-            "device": plan.device,
-            "device_path": self.device_path(pipeline),
-            "verify": plan.verify,
-            "out": str(out),
-            "seed": index,
-        }
         trace = None
         if plan.trace_dir is not None and policy != "flexgen":
             trace = plan.trace_dir / f"{index:03d}-{policy}-{limit >> 20}MiB-r{repeat}.json"
-            spec["trace"] = str(trace)
-        spec_path.write_text(json.dumps(spec))
         how = drop_page_cache([self.page_cache_dir, self.direct_path])
-        started = time.perf_counter()
-        worker = "flexgen_peer" if policy == "flexgen" else "sweep_worker"
+        group = create_memory_cgroup(f"dualblade-bench-{os.getpid()}-{index}", limit)
+        # from here on the group is removed whatever happens (a sweep stopped by a signal too)
         try:
+            spec = {
+                "compute": plan.compute,
+                "offload_dir": str(plan.work_dir / "flexgen"),
+                "config": pipeline,
+                "decode_steps": plan.decode_steps,
+                "cgroup_procs": str(group.path / "cgroup.procs"),
+                "device": plan.device,
+                "device_path": self.device_path(pipeline),
+                "verify": plan.verify,
+                "out": str(out),
+                "seed": index,
+            }
+            if trace is not None:
+                spec["trace"] = str(trace)
+            spec_path.write_text(json.dumps(spec))
+            started = time.perf_counter()
+            worker = "flexgen_peer" if policy == "flexgen" else "sweep_worker"
             completed = subprocess.run(
                 [sys.executable, "-m", f"dualblade.bench.{worker}", str(spec_path)],
                 env={**os.environ, **WORKER_ENV},
