@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.cgroups import create_memory_cgroup
+from dualblade.bench.cgroups import create_memory_cgroup, remove_stale_groups
 from dualblade.bench.page_cache import drop_page_cache
 from dualblade.bench.serving_requests import RequestSpec, draw_requests
 from dualblade.errors import ConfigError
@@ -197,12 +197,12 @@ def run_in_cgroup(
     run_dir.mkdir(parents=True, exist_ok=True)
     out, spec_path = run_dir / f"{name}.json", run_dir / f"{name}-spec.json"
     out.unlink(missing_ok=True)
-    group = create_memory_cgroup(f"dualblade-{name}-{os.getpid()}", limit)
-    spec = {**spec, "cgroup_procs": str(group.path / "cgroup.procs"), "out": str(out)}
-    spec_path.write_text(json.dumps(spec))
     how = drop_page_cache([work_dir / "page-cache", work_dir / "direct.kv"])
-    started = time.perf_counter()
-    try:
+    group = create_memory_cgroup(f"dualblade-{name}-{os.getpid()}", limit)
+    try:  # from its creation on, the group is removed whatever happens (Ctrl-C included)
+        spec = {**spec, "cgroup_procs": str(group.path / "cgroup.procs"), "out": str(out)}
+        spec_path.write_text(json.dumps(spec))
+        started = time.perf_counter()
         try:
             completed = subprocess.run(
                 [sys.executable, "-m", f"dualblade.bench.{worker}", str(spec_path)],
@@ -247,6 +247,7 @@ def _noop(_label: str, _done: int, _total: int) -> None:
 def run_serving(plan: ServingPlan, progress: ProgressFn = _noop) -> list[dict[str, Any]]:
     """Every (policy, limit) of ``plan`` in its own cgroup; returns the run records."""
     plan.work_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_groups()  # of an earlier run killed outright
     order = run_order(plan.policies, plan.limits, plan.repeats)
     records = []
     try:
