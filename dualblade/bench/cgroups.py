@@ -12,22 +12,37 @@ hierarchies exist:
 
 The group is made, limited, and joined by the worker process itself (it writes its pid into
 ``cgroup.procs`` before it imports torch), so nothing but the run is charged to it; the group is
-removed when the run is over.
+removed when the run is over, or when the sweep is stopped (Ctrl-C, SIGTERM). A sweep killed
+outright (SIGKILL, the OOM killer) cannot remove it: :func:`remove_stale_groups`, called as
+each sweep starts, removes the empty groups of dualblade processes that are gone.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from dualblade.errors import DualbladeError
+from dualblade.logs import get_logger
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 Version = Literal["v1", "v2"]
+
+#: The groups this package makes, each with the pid of the process that made it: the sweep's
+#: ``dualblade-bench-<pid>-<run>``, the serving and pressure runs' ``dualblade-<run>-<pid>``,
+#: the permission probe's ``dualblade-probe-<pid>``.
+_OWNED_GROUPS = (
+    re.compile(r"dualblade-bench-(\d+)-\d+"),
+    re.compile(r"dualblade-(?:serving|pressure)-.+-(\d+)"),
+    re.compile(r"dualblade-probe-(\d+)"),
+)
+
+_log = get_logger(__name__)
 
 
 class CgroupError(DualbladeError):
@@ -178,6 +193,49 @@ def create_memory_cgroup(name: str, limit_bytes: int, root: Path = CGROUP_ROOT) 
         group.remove()
         raise
     return group
+
+
+def _process_is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def remove_stale_groups(root: Path = CGROUP_ROOT) -> list[Path]:
+    """Remove the groups a dualblade process made and left behind when it was killed outright
+    (see the module); returns those removed.
+
+    Only a group named as this package names its groups (:data:`_OWNED_GROUPS`) whose maker is
+    no longer running is touched, and only with ``rmdir``, which the kernel refuses while a
+    process is still inside (a worker that outlived its sweep): that group is left for a later
+    sweep. A pid reused by a live process keeps its group too.
+    """
+    version = detect_version(root)
+    if version is None:
+        return []
+    try:
+        parent = _v2_parent(root) if version == "v2" else root / "memory"
+        children = [path for path in parent.iterdir() if path.is_dir()]
+    except (CgroupError, OSError):
+        return []
+    removed = []
+    for path in children:
+        match = next((m for p in _OWNED_GROUPS if (m := p.fullmatch(path.name))), None)
+        if match is None or not _process_is_gone(int(match.group(1))):
+            continue
+        try:
+            path.rmdir()
+        except OSError as error:
+            _log.warning("stale cgroup kept", path=str(path), reason=error.strerror)
+            continue
+        removed.append(path)
+    if removed:
+        _log.info("stale cgroups removed", paths=[str(path) for path in removed])
+    return removed
 
 
 def can_create_memory_cgroups(root: Path = CGROUP_ROOT) -> str | None:

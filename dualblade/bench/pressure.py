@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dualblade.bench.cgroups import remove_stale_groups
 from dualblade.bench.pressure_report import (
     VARIANTS,
     evaluate_pressure_claims,
@@ -118,6 +119,7 @@ def _noop(_label: str, _done: int, _total: int) -> None:
 def run_pressure(plan: PressurePlan, progress: ProgressFn = _noop) -> list[dict[str, Any]]:
     """Each variant in its own cgroup; returns the run records."""
     plan.work_dir.mkdir(parents=True, exist_ok=True)
+    remove_stale_groups()  # of an earlier run killed outright
     records = []
     try:
         for index, variant in enumerate(plan.variants):

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.cgroups import create_memory_cgroup
+from dualblade.bench.cgroups import create_memory_cgroup, remove_stale_groups
 from dualblade.bench.page_cache import drop_page_cache
 from dualblade.errors import ConfigError
 
@@ -123,6 +123,7 @@ class Sweep:
         as its run ends. The sweep's files are removed at the end, or when it is stopped."""
         plan = self.plan
         plan.work_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_groups()  # of an earlier sweep killed outright
         order = run_order(plan.policies, plan.limits, plan.repeats)
         records: list[dict[str, Any]] = []
         try:

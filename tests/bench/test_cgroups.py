@@ -12,7 +12,17 @@ from dualblade.bench.cgroups import (
     can_create_memory_cgroups,
     create_memory_cgroup,
     detect_version,
+    remove_stale_groups,
 )
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (reused within the test only by bad luck)."""
+    import subprocess
+
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
 
 
 def test_no_controller_is_a_clear_error(tmp_path: Path) -> None:
@@ -74,3 +84,64 @@ def test_real_group_limits_a_process(tmp_path: Path) -> None:
         assert done.returncode != 0  # killed: 256 MiB do not fit in 64
     finally:
         group.remove()
+
+
+def test_stale_groups_of_gone_processes_are_removed_and_no_others(tmp_path: Path) -> None:
+    """A fake v1 hierarchy: only the empty groups that this package names, made by a process
+    that is gone, are removed."""
+    memory = tmp_path / "memory"
+    memory.mkdir()
+    (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    gone, alive = dead_pid(), os.getpid()
+    names = {
+        f"dualblade-bench-{gone}-0": True,  # a sweep's run, its sweep gone
+        f"dualblade-serving-03-dual-{gone}": True,
+        f"dualblade-pressure-00-dual-replan-{gone}": True,
+        f"dualblade-probe-{gone}": True,
+        f"dualblade-bench-{alive}-1": False,  # a sweep still running
+        f"dualblade-serving-03-dual-{alive}": False,
+        f"dualblade-test-{gone}": False,  # not a name the package gives
+        f"other-bench-{gone}-0": False,
+        "dualblade-bench-1-x": False,
+    }
+    for name in names:
+        (memory / name).mkdir()
+    busy = memory / f"dualblade-bench-{gone}-2"  # the kernel refuses rmdir while a process is in
+    busy.mkdir()
+    (busy / "cgroup.procs").write_text("4242\n")
+    removed = remove_stale_groups(tmp_path)
+    assert sorted(path.name for path in removed) == sorted(n for n, stale in names.items() if stale)
+    assert all((memory / n).is_dir() != stale for n, stale in names.items())
+    assert busy.is_dir()
+
+
+def test_stale_groups_without_a_hierarchy_is_nothing_to_do(tmp_path: Path) -> None:
+    assert remove_stale_groups(tmp_path) == []
+
+
+@pytest.mark.root
+def test_real_stale_groups_go_unless_a_process_is_inside() -> None:
+    """Real groups named as a killed sweep leaves them: the empty one goes, the one whose
+    worker outlived the sweep stays (the kernel refuses its rmdir) until that worker ends."""
+    import subprocess
+
+    reason = can_create_memory_cgroups()
+    if reason is not None:
+        pytest.skip(reason)
+    gone = dead_pid()
+    empty = create_memory_cgroup(f"dualblade-bench-{gone}-0", 64 << 20)
+    busy = create_memory_cgroup(f"dualblade-bench-{gone}-1", 64 << 20)
+    worker = subprocess.Popen(["sleep", "60"])
+    try:
+        busy.join(worker.pid)
+        removed = remove_stale_groups()
+        assert empty.path in removed
+        assert not empty.path.exists()
+        assert busy.path not in removed
+        assert busy.path.is_dir()
+    finally:
+        worker.kill()
+        worker.wait()
+        empty.remove()
+        busy.remove()
+    assert not busy.path.exists()
