@@ -33,14 +33,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 Version = Literal["v1", "v2"]
 
-#: The groups this package makes, each with the pid of the process that made it: the sweep's
-#: ``dualblade-bench-<pid>-<run>``, the serving and pressure runs' ``dualblade-<run>-<pid>``,
-#: the permission probe's ``dualblade-probe-<pid>``.
-_OWNED_GROUPS = (
-    re.compile(r"dualblade-bench-(\d+)-\d+"),
-    re.compile(r"dualblade-(?:serving|pressure)-.+-(\d+)"),
-    re.compile(r"dualblade-probe-(\d+)"),
-)
+#: The names this package gives its groups, each with the pid of the process that made it:
+#: a run's ``dualblade-run-<pid>-<label>`` (:func:`run_group_name`) and the permission probe's
+#: ``dualblade-probe-<pid>``.
+_OWNED_GROUP = re.compile(r"dualblade-(?:run-(\d+)-.+|probe-(\d+))")
 
 _log = get_logger(__name__)
 
@@ -96,6 +92,13 @@ class MemoryCgroup:
         except (OSError, ValueError):
             pass
         return 0
+
+    def __enter__(self) -> MemoryCgroup:
+        return self
+
+    def __exit__(self, *ignored: object) -> None:
+        """Leaving the block removes the group, whatever ended it (a signal's exception too)."""
+        self.remove()
 
     def remove(self, timeout: float = 5.0) -> None:
         """Delete the group once its processes are gone (rmdir; retried while it empties)."""
@@ -162,6 +165,12 @@ def _v2_parent(root: Path) -> Path:
     )
 
 
+def run_group_name(label: str) -> str:
+    """The name of this process's group for the run ``label``: the pid in it tells
+    :func:`remove_stale_groups` whether its maker is gone."""
+    return f"dualblade-run-{os.getpid()}-{label}"
+
+
 def create_memory_cgroup(name: str, limit_bytes: int, root: Path = CGROUP_ROOT) -> MemoryCgroup:
     """Create (or reuse) the group ``name`` with its memory limit set.
 
@@ -209,7 +218,7 @@ def remove_stale_groups(root: Path = CGROUP_ROOT) -> list[Path]:
     """Remove the groups a dualblade process made and left behind when it was killed outright
     (see the module); returns those removed.
 
-    Only a group named as this package names its groups (:data:`_OWNED_GROUPS`) whose maker is
+    Only a group named as this package names its groups (:data:`_OWNED_GROUP`) whose maker is
     no longer running is touched, and only with ``rmdir``, which the kernel refuses while a
     process is still inside (a worker that outlived its sweep): that group is left for a later
     sweep. A pid reused by a live process keeps its group too.
@@ -224,8 +233,8 @@ def remove_stale_groups(root: Path = CGROUP_ROOT) -> list[Path]:
         return []
     removed = []
     for path in children:
-        match = next((m for p in _OWNED_GROUPS if (m := p.fullmatch(path.name))), None)
-        if match is None or not _process_is_gone(int(match.group(1))):
+        match = _OWNED_GROUP.fullmatch(path.name)
+        if match is None or not _process_is_gone(int(match.group(1) or match.group(2))):
             continue
         try:
             path.rmdir()
@@ -241,8 +250,7 @@ def remove_stale_groups(root: Path = CGROUP_ROOT) -> list[Path]:
 def can_create_memory_cgroups(root: Path = CGROUP_ROOT) -> str | None:
     """None when a sweep can make its groups here, else the reason it cannot (for skips)."""
     try:
-        group = create_memory_cgroup(f"dualblade-probe-{os.getpid()}", 1 << 30, root)
+        with create_memory_cgroup(f"dualblade-probe-{os.getpid()}", 1 << 30, root):
+            return None
     except CgroupError as error:
         return str(error)
-    group.remove()
-    return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.cgroups import create_memory_cgroup, remove_stale_groups
+from dualblade.bench.cgroups import create_memory_cgroup, remove_stale_groups, run_group_name
 from dualblade.bench.page_cache import drop_page_cache
 from dualblade.bench.serving_requests import RequestSpec, draw_requests
 from dualblade.errors import ConfigError
@@ -198,8 +198,8 @@ def run_in_cgroup(
     out, spec_path = run_dir / f"{name}.json", run_dir / f"{name}-spec.json"
     out.unlink(missing_ok=True)
     how = drop_page_cache([work_dir / "page-cache", work_dir / "direct.kv"])
-    group = create_memory_cgroup(f"dualblade-{name}-{os.getpid()}", limit)
-    try:  # from its creation on, the group is removed whatever happens (Ctrl-C included)
+    # the group is removed on leaving the block, whatever ends it (Ctrl-C too)
+    with create_memory_cgroup(run_group_name(name), limit) as group:
         spec = {**spec, "cgroup_procs": str(group.path / "cgroup.procs"), "out": str(out)}
         spec_path.write_text(json.dumps(spec))
         started = time.perf_counter()
@@ -218,8 +218,6 @@ def run_in_cgroup(
         wall = time.perf_counter() - started
         kills = group.oom_kills()
         peak = group.peak_bytes()
-    finally:
-        group.remove()
     record: dict[str, Any] = {}
     if out.exists():
         record.update(json.loads(out.read_text()))

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dualblade.bench.cgroups import create_memory_cgroup, remove_stale_groups
+from dualblade.bench.cgroups import create_memory_cgroup, remove_stale_groups, run_group_name
 from dualblade.bench.page_cache import drop_page_cache
 from dualblade.errors import ConfigError
 
@@ -153,9 +153,8 @@ class Sweep:
         if plan.trace_dir is not None and policy != "flexgen":
             trace = plan.trace_dir / f"{index:03d}-{policy}-{limit >> 20}MiB-r{repeat}.json"
         how = drop_page_cache([self.page_cache_dir, self.direct_path])
-        group = create_memory_cgroup(f"dualblade-bench-{os.getpid()}-{index}", limit)
-        # from here on the group is removed whatever happens (a sweep stopped by a signal too)
-        try:
+        # the group is removed on leaving the block, whatever ends it (a signal too)
+        with create_memory_cgroup(run_group_name(f"bench-{index:03d}"), limit) as group:
             spec = {
                 "compute": plan.compute,
                 "offload_dir": str(plan.work_dir / "flexgen"),
@@ -184,8 +183,6 @@ class Sweep:
             wall = time.perf_counter() - started
             oom = group.oom_kills()
             peak = group.peak_bytes()
-        finally:
-            group.remove()
         record: dict[str, Any] = {
             "policy": policy,
             "limit_bytes": limit,

@@ -132,7 +132,7 @@ def test_a_real_sweep_killed_by_sigterm_cleans_up(tmp_path: Path) -> None:
         assert run["decode_s"] > 0
     # nothing of the stopped run is left: its group, its worker (which was in the group), the
     # sweep's files
-    groups = [p.name for p in CGROUP_ROOT.rglob(f"dualblade-bench-{sweep.pid}-*")]
+    groups = [p.name for p in CGROUP_ROOT.rglob(f"dualblade-run-{sweep.pid}-*")]
     assert groups == []
     assert not (work / "direct.kv").exists()
     assert not (work / "page-cache").exists()

@@ -13,6 +13,7 @@ from dualblade.bench.cgroups import (
     create_memory_cgroup,
     detect_version,
     remove_stale_groups,
+    run_group_name,
 )
 
 
@@ -94,19 +95,21 @@ def test_stale_groups_of_gone_processes_are_removed_and_no_others(tmp_path: Path
     (memory / "memory.limit_in_bytes").write_text("9223372036854771712\n")
     gone, alive = dead_pid(), os.getpid()
     names = {
-        f"dualblade-bench-{gone}-0": True,  # a sweep's run, its sweep gone
-        f"dualblade-serving-03-dual-{gone}": True,
-        f"dualblade-pressure-00-dual-replan-{gone}": True,
+        f"dualblade-run-{gone}-bench-000": True,  # a sweep's run, its sweep gone
+        f"dualblade-run-{gone}-serving-03-dual": True,
         f"dualblade-probe-{gone}": True,
-        f"dualblade-bench-{alive}-1": False,  # a sweep still running
-        f"dualblade-serving-03-dual-{alive}": False,
+        f"dualblade-run-{alive}-bench-001": False,  # a sweep still running
+        f"dualblade-probe-{alive}": False,
         f"dualblade-test-{gone}": False,  # not a name the package gives
-        f"other-bench-{gone}-0": False,
-        "dualblade-bench-1-x": False,
+        f"other-run-{gone}-bench-000": False,
+        "dualblade-run-x-bench-000": False,
+        f"dualblade-run-{gone}": False,  # no label
     }
     for name in names:
         (memory / name).mkdir()
-    busy = memory / f"dualblade-bench-{gone}-2"  # the kernel refuses rmdir while a process is in
+    busy = (
+        memory / f"dualblade-run-{gone}-bench-002"
+    )  # the kernel refuses rmdir while a process is in
     busy.mkdir()
     (busy / "cgroup.procs").write_text("4242\n")
     removed = remove_stale_groups(tmp_path)
@@ -129,8 +132,8 @@ def test_real_stale_groups_go_unless_a_process_is_inside() -> None:
     if reason is not None:
         pytest.skip(reason)
     gone = dead_pid()
-    empty = create_memory_cgroup(f"dualblade-bench-{gone}-0", 64 << 20)
-    busy = create_memory_cgroup(f"dualblade-bench-{gone}-1", 64 << 20)
+    empty = create_memory_cgroup(f"dualblade-run-{gone}-bench-000", 64 << 20)
+    busy = create_memory_cgroup(f"dualblade-run-{gone}-bench-001", 64 << 20)
     worker = subprocess.Popen(["sleep", "60"])
     try:
         busy.join(worker.pid)
@@ -145,3 +148,20 @@ def test_real_stale_groups_go_unless_a_process_is_inside() -> None:
         empty.remove()
         busy.remove()
     assert not busy.path.exists()
+
+
+def test_a_group_is_removed_when_its_block_ends_however_it_ends(tmp_path: Path) -> None:
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("9223372036854771712\n")
+    name = run_group_name("bench-000")
+    assert name == f"dualblade-run-{os.getpid()}-bench-000"
+
+    def stopped_inside() -> None:
+        with create_memory_cgroup(name, 1 << 30, root=tmp_path) as group:
+            assert group.path.is_dir()
+            (group.path / "memory.limit_in_bytes").unlink()  # the fake group's own file
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        stopped_inside()
+    assert not (tmp_path / "memory" / name).exists()
