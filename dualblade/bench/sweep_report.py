@@ -7,6 +7,17 @@ carries ``floor_s`` and ``floor_ratio`` (decode / floor), and a ratio below
 :data:`~dualblade.bench.floor.VALID_RATIO` marks the floor invalid: a decode cannot beat the
 time its own storage needs for its bytes, so such a floor measured something else.
 
+With repeats, that ratio is the record's, of the medians, as the claims judge the decode itself.
+A floor that measures something else is beaten in the median too (the old scratch-file floor
+was, at 0.56-0.70). One run alone is not evidence of that on these VMs: the host under the disk
+serves the same extents 10-25 % faster or slower from one second to the next, so a decode
+and the passes right after it can land on either side (the baseline at 0.75 GiB in the quick
+preset, where decode and floor are the same mapped reads: 0.920, 1.000, 1.004, 1.055, 1.070,
+1.080 and 1.363 in seven runs). Each run's own ratio stays in ``floor_ratio_runs``, and the
+runs below :data:`~dualblade.bench.floor.VALID_RATIO` are counted in ``floor_beaten_runs`` and
+shown in the table, so a beaten run is reported, not hidden. A run that measured no floor at
+all still makes the record's floor invalid.
+
 :func:`evaluate_claims` checks the paper's and the issue's claims on the results (see
 ``docs/bench.md``); the sweep reports them, it does not fail on them: a user's machine may
 legitimately disagree.
@@ -35,7 +46,8 @@ FLOOR_SLACK = 1.15
 
 def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One record per (policy, limit), medians over repeats; ``floor_ratio`` of the medians,
-    and ``floor_valid`` False when any run's own ratio was below :data:`VALID_RATIO`."""
+    ``floor_valid`` False when that ratio is below :data:`VALID_RATIO` or a run measured no
+    floor, and ``floor_beaten_runs`` the runs whose own ratio was below it (see the module)."""
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for record in records:
         groups.setdefault((record["policy"], record["limit_bytes"]), []).append(record)
@@ -67,6 +79,9 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         floor = middle.get("floor_s")
         middle["floor_ratio"] = middle["decode_s"] / floor if floor else None
         middle["floor_ratio_runs"] = [r.get("floor_ratio") for r in ok]
+        middle["floor_beaten_runs"] = sum(
+            1 for r in ok if r.get("floor_s") and r["decode_s"] / r["floor_s"] < VALID_RATIO
+        )
         problem = floor_problem(middle, ok)
         middle["floor_valid"] = problem is None
         if problem is not None:
@@ -76,32 +91,32 @@ def aggregate(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def floor_problem(record: dict[str, Any], runs: list[dict[str, Any]] | None = None) -> str | None:
-    """Why the floor of ``record`` (and of each of its ``runs``) is no floor, or None.
+    """Why the floor of ``record`` is no floor, or None: one of its ``runs`` measured none, or
+    the record's decode (the median, with repeats) beat its floor (see the module).
 
     The message names the likely cause, from which part of the floor weighed most.
     """
-    for run in runs or [record]:
+    for run in [*(runs or []), record]:
         if run.get("floor_s") is None:
             return f"no floor: {run.get('floor_error', 'the run measured none')}"
-        ratio = run["decode_s"] / run["floor_s"]
-        if ratio >= VALID_RATIO:
-            continue
-        parts = run.get("floor", {})
-        if parts.get("disk_s", 0.0) >= parts.get("memory_s", 0.0):
-            cause = (
-                "the disk part weighs most: the storage delivered the decode's bytes faster than "
-                "the O_DIRECT passes read the same extents right after it (the disk's speed "
-                "drifted, or the host under this VM's disk cached the decode's reads but not "
-                "the passes'); run again, with --repeats"
-            )
-        else:
-            cause = (
-                "the memory part weighs most: the decode copied its page-cache hits faster than "
-                "the buffered passes read the same resident files (the passes met CPU "
-                "contention, or pages the decode found resident were evicted before them)"
-            )
-        return f"decode took {ratio:.3f} x its floor (< {VALID_RATIO}), so it is no floor. {cause}"
-    return None
+    ratio = record["decode_s"] / record["floor_s"]
+    if ratio >= VALID_RATIO:
+        return None
+    parts = record.get("floor", {})
+    if parts.get("disk_s", 0.0) >= parts.get("memory_s", 0.0):
+        cause = (
+            "the disk part weighs most: the storage delivered the decode's bytes faster than "
+            "the passes read the same extents right after it (the disk's speed drifted, or the "
+            "host under this VM's disk cached the decode's reads but not the passes'); run "
+            "again, with --repeats 3 or more"
+        )
+    else:
+        cause = (
+            "the memory part weighs most: the decode copied its page-cache hits faster than "
+            "the buffered passes read the same resident files (the passes met CPU "
+            "contention, or pages the decode found resident were evicted before them)"
+        )
+    return f"decode took {ratio:.3f} x its floor (< {VALID_RATIO}), so it is no floor. {cause}"
 
 
 def _by(results: list[dict[str, Any]], policy: str) -> dict[int, dict[str, Any]]:
@@ -228,6 +243,8 @@ def markdown_table(results: list[dict[str, Any]]) -> str:
         ratio_cell = (
             "" if ratio is None else f"{ratio:.2f}" + ("" if r.get("floor_valid") else " ✗")
         )
+        if r.get("floor_beaten_runs"):
+            ratio_cell += f" ({r['floor_beaten_runs']} of {r['runs']} runs < {VALID_RATIO})"
         hit = "" if r["hit_rate"] is None else f"{r['hit_rate']:.3f}"
         produce = r.get("prefill_produce_s")
         prefill = f"{r['prefill_s']:.3f}" + ("" if produce is None else f" ({produce:.2f})")

@@ -133,12 +133,12 @@ def test_aggregate_takes_medians_of_decode_and_floor() -> None:
     assert "1.25" in markdown_table(out)
 
 
-def test_a_run_that_beats_its_floor_invalidates_it_and_fails_the_claims() -> None:
-    runs = [_run("direct", 1 << 30, d, 1.0, 0.0) for d in (2.0, 2.1)]
-    runs[0].update(floor_s=2.0, floor={"disk_s": 2.0, "memory_s": 0.0})
-    runs[1].update(floor_s=2.4, floor={"disk_s": 2.4, "memory_s": 0.0})  # 0.875 of its floor
-    (record,) = aggregate(runs)
+def test_a_single_run_that_beats_its_floor_invalidates_it_and_fails_the_claims() -> None:
+    run = _run("direct", 1 << 30, 2.1, 1.0, 0.0)
+    run.update(floor_s=2.4, floor={"disk_s": 2.4, "memory_s": 0.0})  # 0.875 of its floor
+    (record,) = aggregate([run])
     assert not record["floor_valid"]
+    assert record["floor_beaten_runs"] == 1
     assert "disk part" in record["floor_invalid_why"]
     claims = evaluate_claims([record], working_set=1 << 32)
     (invalid,) = claims["floors"]["invalid"]
@@ -147,6 +147,43 @@ def test_a_run_that_beats_its_floor_invalidates_it_and_fails_the_claims() -> Non
     assert not claims["floors"]["ok"]
     assert not claims["all_ok"]
     assert "✗" in markdown_table([record])
+
+
+def _repeats(
+    decodes: tuple[float, ...], floors: tuple[float | None, ...]
+) -> list[dict[str, object]]:
+    runs = [_run("baseline", 1 << 30, d, 1.0, 0.0) for d in decodes]
+    for run, floor in zip(runs, floors, strict=True):
+        run.update(floor_s=floor, floor={"disk_s": floor, "memory_s": 0.0})
+        if floor is None:
+            run["floor_error"] = "the floor's passes failed: OSError: boom"
+    return runs
+
+
+def test_with_repeats_the_floor_is_judged_on_the_medians_and_a_beaten_run_is_shown() -> None:
+    # One run of three beat its own floor (2.0 / 2.2 = 0.91); the medians do not (2.1 / 2.0).
+    (record,) = aggregate(_repeats((2.0, 2.1, 2.3), (2.2, 2.0, 1.9)))
+    assert record["floor_ratio"] == pytest.approx(2.1 / 2.0)
+    assert record["floor_valid"]
+    assert record["floor_beaten_runs"] == 1
+    assert evaluate_claims([record], working_set=1 << 32)["floors"]["ok"]
+    assert "(1 of 3 runs < 0.95)" in markdown_table([record])
+
+
+def test_with_repeats_medians_that_beat_the_floor_invalidate_it() -> None:
+    # Two runs of three beaten, and so are the medians (2.05 / 2.2 = 0.932).
+    (record,) = aggregate(_repeats((2.0, 2.05, 2.4), (2.2, 2.3, 2.2)))
+    assert not record["floor_valid"]
+    assert record["floor_beaten_runs"] == 2
+    assert "0.932" in record["floor_invalid_why"]
+    assert not evaluate_claims([record], working_set=1 << 32)["floors"]["ok"]
+    assert "✗ (2 of 3 runs < 0.95)" in markdown_table([record])
+
+
+def test_with_repeats_one_run_without_a_floor_invalidates_the_record() -> None:
+    (record,) = aggregate(_repeats((2.0, 2.1, 2.3), (1.9, None, 2.0)))
+    assert not record["floor_valid"]
+    assert "boom" in record["floor_invalid_why"]
 
 
 def test_a_run_without_a_floor_says_why() -> None:
