@@ -40,7 +40,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="comma-separated: baseline,cache-policy,direct,dual; flexgen = the real FlexGen",
     )
     parser.add_argument("--steps", type=int, help="decode steps per run")
-    parser.add_argument("--repeats", type=int, help="runs per (policy, limit); medians reported")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help="runs per (policy, limit), medians reported (default: the preset's, 3 for quick; 1 "
+        "with a config file)",
+    )
     parser.add_argument("--out", type=Path, default=Path("bench-results"), help="output folder")
     parser.add_argument(
         "--work-dir",
@@ -90,11 +95,13 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         label = str(args.config)
         limits: list[int] = []
         steps = None
+        repeats = 1  # the quick preset's three repeats are its own, not a config file's
     else:
         pipeline = json.loads(json.dumps(preset.pipeline))
         label = f"preset {preset.name}"
         limits = list(preset.limits)
         steps = preset.decode_steps
+        repeats = preset.repeats
     if args.work_dir is not None:
         pipeline.pop("storage", None)
     if args.memory_limits:
@@ -115,7 +122,7 @@ def _plan(args: argparse.Namespace) -> tuple[Any, str]:
         limits=limits,
         policies=policies,
         decode_steps=args.steps or steps or max_new,
-        repeats=args.repeats or preset.repeats,
+        repeats=args.repeats or repeats,
         work_dir=args.work_dir or default_cache_dir() / "bench",
         device=args.device,
         verify=args.verify,

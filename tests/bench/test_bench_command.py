@@ -34,6 +34,23 @@ path = "{dir}/direct.kv"
 """
 
 
+def test_the_quick_preset_repeats_three_times_and_a_config_file_once(tmp_path: Path) -> None:
+    from dualblade.cli import build_parser
+    from dualblade.commands.bench import _plan
+
+    config = tmp_path / "tiny.toml"
+    config.write_text(TINY.format(dir=tmp_path / "store"))
+
+    def repeats(*argv: str) -> int:
+        plan, _ = _plan(build_parser().parse_args(["bench", *argv]))
+        return int(plan.repeats)
+
+    assert repeats("--preset", "quick") == 3
+    assert repeats("--preset", "quick", "--repeats", "1") == 1
+    assert repeats(str(config), "--memory-limits", "1GiB") == 1
+    assert repeats(str(config), "--memory-limits", "1GiB", "--repeats", "2") == 2
+
+
 def test_bad_arguments_are_config_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--preset", "nope"]) == 2
     assert "unknown bench preset" in capsys.readouterr().err

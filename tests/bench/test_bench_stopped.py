@@ -46,7 +46,10 @@ def stopped_report(out: Path) -> dict[str, Any]:
 
 
 def args(tmp_path: Path) -> list[str]:
-    return ["bench", "--memory-limits", LIMITS, "--policies", "dual", "--out", str(tmp_path)]
+    return [
+        *("bench", "--memory-limits", LIMITS, "--policies", "dual", "--repeats", "1"),
+        *("--out", str(tmp_path)),
+    ]
 
 
 def test_ctrl_c_leaves_the_finished_runs(
