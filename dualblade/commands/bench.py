@@ -293,7 +293,8 @@ def _markdown(report: dict[str, Any], table: str) -> str:
         *_progress_lines(report),
         f"KV working set {report['kv_working_set_bytes'] / gib:.2f} GiB. Each run measured its "
         "own floor right after its decode (its own extents and resident files, the store's "
-        "engine; docs/bench.md); a decode / floor ratio below 0.95 marks the floor invalid (✗).",
+        "engine; docs/bench.md); a decode / floor ratio below 0.95 marks the floor invalid (✗): "
+        "with repeats, the ratio of the medians, and the runs beaten alone are counted beside it.",
         "",
         table,
         "## Claims",
