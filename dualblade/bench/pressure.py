@@ -26,6 +26,7 @@ from dualblade.bench.pressure_report import (
     summarize_pressure_run,
 )
 from dualblade.bench.serving import MiB, run_in_cgroup, storage_for
+from dualblade.bench.stops import progress_fields, run_keeping
 from dualblade.errors import ConfigError
 
 #: A 24-layer, 1024-wide fp16 model, batch 8, 1000 + 40 tokens: 780 MiB of KV, decoded for
@@ -116,8 +117,13 @@ def _noop(_label: str, _done: int, _total: int) -> None:
     return None
 
 
-def run_pressure(plan: PressurePlan, progress: ProgressFn = _noop) -> list[dict[str, Any]]:
-    """Each variant in its own cgroup; returns the run records."""
+def run_pressure(
+    plan: PressurePlan,
+    progress: ProgressFn = _noop,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Each variant in its own cgroup; returns the run records, and hands each to
+    ``on_record`` as its run ends (as :func:`.serving.run_serving` does)."""
     plan.work_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_groups()  # of an earlier run killed outright
     records = []
@@ -141,6 +147,8 @@ def run_pressure(plan: PressurePlan, progress: ProgressFn = _noop) -> list[dict[
             record = run_in_cgroup("pressure_worker", spec, plan.limit, name, plan.work_dir)
             record["variant"] = variant
             records.append(record)
+            if on_record is not None:
+                on_record(record)
         progress("done", len(plan.variants), len(plan.variants))
     finally:
         if not plan.keep_files:
@@ -151,18 +159,21 @@ def run_pressure(plan: PressurePlan, progress: ProgressFn = _noop) -> list[dict[
 
 def run_pressure_bench(
     options: Mapping[str, Any], progress: ProgressFn = _noop
-) -> tuple[dict[str, Any], str]:
+) -> tuple[dict[str, Any], str, int]:
     """The pressure preset with the bench command's ``options`` (see
-    :func:`.serving_command.run_service_preset`): writes the output folder; returns the
-    results.json document and the markdown table."""
+    :func:`.serving_command.run_service_preset`): writes the output folder (its results files
+    again as each run ends); returns the results.json document, the markdown table and the
+    exit status."""
     from dualblade.bench.pressure_plots import write_pressure_plots
     from dualblade.bench.serving_command import (
         markdown_page,
         need_cgroups,
+        output_dir,
         parse_limits,
         parse_list,
         run_meta,
         work_dir_for,
+        write_report,
     )
 
     if options.get("repeats") not in (None, 1):
@@ -177,29 +188,19 @@ def run_pressure_bench(
         keep_files=bool(options.get("keep_files")),
     )
     need_cgroups()
-    runs = run_pressure(plan, progress)
-    results = [summarize_pressure_run(r) for r in runs]
-    claims = evaluate_pressure_claims(results)
-    report = {
-        "results": results,
-        "claims": claims,
-        "runs": runs,
-        "meta": run_meta(
-            "pressure",
-            {
-                "variants": plan.variants,
-                "limit_bytes": plan.limit,
-                "decode_steps": plan.decode_steps,
-                "squeeze_step": plan.squeeze_step,
-                "squeeze": plan.squeeze,
-                "pipeline": plan.pipeline,
-            },
-        ),
-    }
-    out = Path(options.get("out") or "bench-results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
-    table = pressure_table(results)
+    planned = len(plan.variants)
+    meta = run_meta(
+        "pressure",
+        {
+            "variants": plan.variants,
+            "limit_bytes": plan.limit,
+            "decode_steps": plan.decode_steps,
+            "squeeze_step": plan.squeeze_step,
+            "squeeze": plan.squeeze,
+            "pipeline": plan.pipeline,
+        },
+    )
+    out = output_dir(options)
     squeeze = plan.squeeze
     intro = (
         f"One context decodes {plan.decode_steps} steps under {plan.limit / MiB:.0f} MiB; "
@@ -209,6 +210,26 @@ def run_pressure_bench(
         "gives after the decode, squeeze still on (docs/serving-bench.md)."
     )
     plots = "![steps](pressure_steps.png) ![ledger](pressure_ledger.png)"
-    (out / "results.md").write_text(markdown_page(report, table, intro, plots))
-    write_pressure_plots(runs, results, out)
-    return report, table
+
+    def report_of(runs: list[dict[str, Any]], stopped: str | None) -> tuple[dict[str, Any], str]:
+        results = [summarize_pressure_run(r) for r in runs]
+        report = {
+            **progress_fields(len(runs), planned, stopped),
+            "results": results,
+            "claims": evaluate_pressure_claims(results),
+            "runs": runs,
+            "meta": {**meta, "runs_done": len(runs), "runs_planned": planned},
+        }
+        return report, pressure_table(results)
+
+    def write(runs: list[dict[str, Any]], stopped: str | None) -> None:
+        report, table = report_of(runs, stopped)
+        write_report(out, report, markdown_page(report, table, intro, plots))
+
+    runs, stopped, status = run_keeping(
+        lambda keep: run_pressure(plan, progress, on_record=keep), write, planned
+    )
+    report, table = report_of(runs, stopped)  # as written after the last run, or the stop
+    if runs:
+        write_pressure_plots(runs, report["results"], out)
+    return report, table, status

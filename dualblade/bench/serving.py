@@ -242,8 +242,14 @@ def _noop(_label: str, _done: int, _total: int) -> None:
     return None
 
 
-def run_serving(plan: ServingPlan, progress: ProgressFn = _noop) -> list[dict[str, Any]]:
-    """Every (policy, limit) of ``plan`` in its own cgroup; returns the run records."""
+def run_serving(
+    plan: ServingPlan,
+    progress: ProgressFn = _noop,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Every (policy, limit) of ``plan`` in its own cgroup; returns the run records, and hands
+    each to ``on_record`` as its run ends (a caller that writes its report then keeps the runs
+    that finished when a later one is stopped)."""
     plan.work_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_groups()  # of an earlier run killed outright
     order = run_order(plan.policies, plan.limits, plan.repeats)
@@ -265,6 +271,8 @@ def run_serving(plan: ServingPlan, progress: ProgressFn = _noop) -> list[dict[st
             record = run_in_cgroup("serving_worker", spec, limit, name, plan.work_dir)
             record.update(policy=policy, limit_bytes=limit, repeat=repeat)
             records.append(record)
+            if on_record is not None:
+                on_record(record)
         progress("done", len(order), len(order))
     finally:
         if not plan.keep_files:

@@ -18,6 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from dualblade.bench.cgroups import CgroupError, can_create_memory_cgroups
+from dualblade.bench.stops import (
+    progress_fields,
+    progress_lines,
+    run_keeping,
+    say_stopped,
+    write_whole,
+)
 from dualblade.errors import ConfigError
 
 SERVICE_PRESETS = ("serving", "pressure")
@@ -61,9 +68,10 @@ def run_meta(name: str, extra: dict[str, Any]) -> dict[str, Any]:
 
 def run_serving_bench(
     options: Mapping[str, Any], progress: ProgressFn = _noop
-) -> tuple[dict[str, Any], str]:
-    """The serving preset with ``options``: writes the output folder; returns the results.json
-    document and the markdown table."""
+) -> tuple[dict[str, Any], str, int]:
+    """The serving preset with ``options``: writes the output folder (its results files again
+    as each run ends); returns the results.json document, the markdown table and the exit
+    status (see :func:`run_service_preset`)."""
     from dualblade.bench.serving import run_serving, serving_plan, storage_for
     from dualblade.bench.serving_plots import write_serving_plots
     from dualblade.bench.serving_report import (
@@ -87,38 +95,48 @@ def run_serving_bench(
         repeats=options.get("repeats"),
     )
     need_cgroups()
-    runs = run_serving(plan, progress)
-    results = combine_repeats([summarize_run(r) for r in runs])
-    claims = evaluate_serving_claims(results)
     config = config_from_mapping(
         {**plan.pipeline, "storage": storage_for(plan.work_dir)}, source="serving", env={}
     )
     shape = config.shape()
     working_set = sum(shape.total_kv_bytes(r.batch, r.max_len) for r in plan.requests)
-    report = {
-        "kv_working_set_bytes": working_set,
-        "requests": [r.to_dict() for r in plan.requests],
-        "results": results,
-        "claims": claims,
-        "runs": runs,
-        "meta": run_meta(
-            "serving",
-            {
-                "policies": plan.policies,
-                "limits_bytes": plan.limits,
-                "repeats": plan.repeats,
-                "pipeline": plan.pipeline,
-                "compute": plan.compute,
-            },
-        ),
-    }
-    out = Path(options.get("out") or "bench-results")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(report, indent=1) + "\n")
-    table = serving_table(results)
-    (out / "results.md").write_text(markdown_page(report, table, _SERVING_INTRO, _SERVING_PLOTS))
-    write_serving_plots(results, runs, out)
-    return report, table
+    planned = len(plan.policies) * len(plan.limits) * plan.repeats
+    meta = run_meta(
+        "serving",
+        {
+            "policies": plan.policies,
+            "limits_bytes": plan.limits,
+            "repeats": plan.repeats,
+            "pipeline": plan.pipeline,
+            "compute": plan.compute,
+        },
+    )
+    out = output_dir(options)
+
+    def report_of(runs: list[dict[str, Any]], stopped: str | None) -> tuple[dict[str, Any], str]:
+        results = combine_repeats([summarize_run(r) for r in runs])
+        report = {
+            "kv_working_set_bytes": working_set,
+            "requests": [r.to_dict() for r in plan.requests],
+            **progress_fields(len(runs), planned, stopped),
+            "results": results,
+            "claims": evaluate_serving_claims(results),
+            "runs": runs,
+            "meta": {**meta, "runs_done": len(runs), "runs_planned": planned},
+        }
+        return report, serving_table(results)
+
+    def write(runs: list[dict[str, Any]], stopped: str | None) -> None:
+        report, table = report_of(runs, stopped)
+        write_report(out, report, markdown_page(report, table, _SERVING_INTRO, _SERVING_PLOTS))
+
+    runs, stopped, status = run_keeping(
+        lambda keep: run_serving(plan, progress, on_record=keep), write, planned
+    )
+    report, table = report_of(runs, stopped)  # as written after the last run, or the stop
+    if runs:
+        write_serving_plots(report["results"], runs, out)
+    return report, table, status
 
 
 _SERVING_INTRO = (
@@ -132,6 +150,18 @@ _SERVING_PLOTS = (
 )
 
 
+def output_dir(options: Mapping[str, Any]) -> Path:
+    """The output folder of ``options`` (``--out``), made."""
+    out = Path(options.get("out") or "bench-results")
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def write_report(out: Path, report: dict[str, Any], markdown: str) -> None:
+    """``results.json`` and ``results.md`` into ``out``, each replaced whole."""
+    write_whole(out, {"results.json": json.dumps(report, indent=1) + "\n", "results.md": markdown})
+
+
 def markdown_page(report: dict[str, Any], table: str, intro: str, plots: str) -> str:
     ws = report.get("kv_working_set_bytes")
     text = intro.format(
@@ -139,7 +169,8 @@ def markdown_page(report: dict[str, Any], table: str, intro: str, plots: str) ->
     )
     claims = report["claims"]
     verdict = "all met" if claims["all_ok"] else "NOT all met"
-    lines = [f"# dualblade bench — preset {report['meta']['preset']}", "", text, "", table]
+    lines = [f"# dualblade bench — preset {report['meta']['preset']}", ""]
+    lines += [*progress_lines(report), text, "", table]
     lines += ["## Claims", "", f"**{verdict}**", ""]
     lines += [f"- {why}" for why in claims.get("failed", [])]
     lines += ["", "```json", json.dumps(claims, indent=1), "```", "", plots, ""]
@@ -155,7 +186,8 @@ def need_cgroups() -> None:
 def run_service_preset(name: str, options: Mapping[str, Any], progress: ProgressFn = _noop) -> int:
     """Run the preset ``name`` (``serving`` or ``pressure``), print its table and verdict (or
     the JSON with ``options["json"]``); returns the exit status (0: the claims are reported,
-    not enforced, as the sweep's are).
+    not enforced, as the sweep's are; 130 or 143 where Ctrl-C or SIGTERM stopped the runs,
+    whose finished ones are written: :func:`.stops.run_keeping`).
 
     Raises:
         ConfigError: an unknown preset or a bad option; CgroupError: no memory cgroups here.
@@ -165,15 +197,19 @@ def run_service_preset(name: str, options: Mapping[str, Any], progress: Progress
     if options.get("trace"):
         raise ConfigError(f"--trace records a sweep's runs; --preset {name} does not take it")
     if name == "serving":
-        report, table = run_serving_bench(options, progress)
+        report, table, status = run_serving_bench(options, progress)
     elif name == "pressure":
         from dualblade.bench.pressure import run_pressure_bench
 
-        report, table = run_pressure_bench(options, progress)
+        report, table, status = run_pressure_bench(options, progress)
     else:
         raise ConfigError(
             f"unknown service preset {name!r} (presets: {', '.join(SERVICE_PRESETS)})"
         )
+    out = Path(options.get("out") or "bench-results")
+    if report["stopped"] is not None:
+        say_stopped(report["stopped"], out)
+        return status
     if options.get("json"):
         json.dump(report, sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
@@ -181,7 +217,6 @@ def run_service_preset(name: str, options: Mapping[str, Any], progress: Progress
         print(table)
         for why in report["claims"].get("failed", []):
             print(f"- {why}")
-    out = Path(options.get("out") or "bench-results")
     verdict = "all met" if report["claims"]["all_ok"] else "NOT all met"
     print(f"claims: {verdict} (see {out}/results.md)")
     return 0

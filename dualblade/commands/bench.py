@@ -8,16 +8,11 @@ part way (a timeout's SIGTERM, Ctrl-C) leaves every run it finished, marked inco
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import platform
-import signal
 import sys
-import threading
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from dualblade.commands._output import print_json
@@ -150,6 +145,10 @@ def bench(args: argparse.Namespace) -> int:
         aggregate,
         can_create_memory_cgroups,
         evaluate_claims,
+        markdown_table,
+        progress_fields,
+        run_keeping,
+        say_stopped,
         write_plots,
     )
     from dualblade.pipeline import config_from_mapping
@@ -169,16 +168,12 @@ def bench(args: argparse.Namespace) -> int:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     planned = sweep.planned_runs()
-    records: list[dict[str, Any]] = []
 
-    def report_of(stopped: str | None = None) -> dict[str, Any]:
+    def report_of(records: list[dict[str, Any]], stopped: str | None) -> dict[str, Any]:
         results = aggregate(records)
         return {
             "kv_working_set_bytes": working_set,
-            # False while the sweep runs, or where it was stopped: the claims then judge only
-            # the runs that finished
-            "complete": len(records) == planned,
-            "stopped": stopped,
+            **progress_fields(len(records), planned, stopped),
             "results": results,
             "claims": evaluate_claims(results, working_set),
             "runs": records,
@@ -198,27 +193,17 @@ def bench(args: argparse.Namespace) -> int:
             },
         }
 
-    def keep(record: dict[str, Any]) -> None:
-        records.append(record)
-        _write_report(out, report_of())  # a sweep stopped later still leaves this run
-
-    stopped, status = None, 0
-    try:
-        with _terminate_raises():
-            sweep.run(on_record=keep)
-    except (KeyboardInterrupt, _Terminated) as stop:
-        stopped = f"{_STOPS[type(stop)][0]} after {len(records)} of {planned} runs"
-        status = _STOPS[type(stop)][1]
-    report = report_of(stopped)
-    table = _write_report(out, report)
+    records, stopped, status = run_keeping(
+        lambda keep: sweep.run(on_record=keep),
+        lambda records, stopped: _write_report(out, report_of(records, stopped)),
+        planned,
+    )
+    report = report_of(records, stopped)  # as written after the last run, or the stop
+    table = markdown_table(report["results"])
     if records:
         write_plots(report["results"], out, working_set)
     if stopped is not None:
-        after_bar = "\n" if sys.stderr.isatty() else ""  # the progress bar's line is open
-        print(
-            f"{after_bar}stopped ({stopped}); {out}/results.json holds the finished runs",
-            file=sys.stderr,
-        )
+        say_stopped(stopped, out)
         return status
     claims = report["claims"]
     if args.json:
@@ -232,65 +217,25 @@ def bench(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Terminated(BaseException):
-    """SIGTERM (``timeout``, a job's stop) during a sweep, raised in the main thread like
-    Ctrl-C's ``KeyboardInterrupt``: the running run's worker is killed and its cgroup and the
-    sweep's files removed on the way out, and the runs that finished are written."""
-
-
-#: What stopped a sweep: its name in the report and the command's exit status (the shell's
-#: 128 + the signal's number, as if the signal had ended the process).
-_STOPS: dict[type[BaseException], tuple[str, int]] = {
-    KeyboardInterrupt: ("interrupted (SIGINT)", 128 + signal.SIGINT),
-    _Terminated: ("terminated (SIGTERM)", 128 + signal.SIGTERM),
-}
-
-
-@contextlib.contextmanager
-def _terminate_raises() -> Iterator[None]:
-    """The first SIGTERM raises :class:`_Terminated` inside the block (the default ends the
-    process at once: no cleanup, the worker left running in its cgroup); later ones are ignored
-    until the block ends, so that they cannot cut the cleanup short. Only the main thread can
-    take a signal's handler: called elsewhere (an embedding app's worker thread), the block
-    runs with the handler the process has."""
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        raise _Terminated()
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _write_report(out: Path, report: dict[str, Any]) -> str:
+def _write_report(out: Path, report: dict[str, Any]) -> None:
     """``results.json`` and ``results.md`` into ``out``, each replaced whole (a file killed
-    half-written is never left); returns the markdown table."""
-    from dualblade.bench import markdown_table
+    half-written is never left)."""
+    from dualblade.bench import markdown_table, write_whole
 
     table = markdown_table(report["results"])
-    for name, text in (
-        ("results.json", json.dumps(report, indent=1) + "\n"),
-        ("results.md", _markdown(report, table)),
-    ):
-        partial = out / f".{name}.partial"
-        partial.write_text(text)
-        partial.replace(out / name)
-    return table
+    markdown = _markdown(report, table)
+    write_whole(out, {"results.json": json.dumps(report, indent=1) + "\n", "results.md": markdown})
 
 
 def _markdown(report: dict[str, Any], table: str) -> str:
+    from dualblade.bench import progress_lines
+
     gib = 1 << 30
     claims = report["claims"]
     lines = [
         f"# dualblade bench — {report['meta']['sweep']}",
         "",
-        *_progress_lines(report),
+        *progress_lines(report),
         f"KV working set {report['kv_working_set_bytes'] / gib:.2f} GiB. Each run measured its "
         "own floor right after its decode (its own extents and resident files, the store's "
         "engine; docs/bench.md); a decode / floor ratio below 0.95 marks the floor invalid (✗): "
@@ -308,14 +253,3 @@ def _markdown(report: dict[str, Any], table: str) -> str:
         "",
     ]
     return "\n".join(lines)
-
-
-def _progress_lines(report: dict[str, Any]) -> list[str]:
-    """A line saying the sweep is not whole (still running, or stopped), or none."""
-    if report["complete"]:
-        return []
-    meta = report["meta"]
-    done = f"{meta['runs_done']} of {meta['runs_planned']} runs"
-    if report["stopped"] is not None:
-        return [f"**Stopped** ({report['stopped']}): the claims judge only these {done}.", ""]
-    return [f"**In progress**: {done} so far; the claims judge only those.", ""]
