@@ -26,7 +26,6 @@ from dualblade.bench.pressure_report import (
     summarize_pressure_run,
 )
 from dualblade.bench.serving import MiB, run_in_cgroup, storage_for
-from dualblade.bench.stops import progress_fields, run_keeping
 from dualblade.errors import ConfigError
 
 #: A 24-layer, 1024-wide fp16 model, batch 8, 1000 + 40 tokens: 780 MiB of KV, decoded for
@@ -166,14 +165,14 @@ def run_pressure_bench(
     exit status."""
     from dualblade.bench.pressure_plots import write_pressure_plots
     from dualblade.bench.serving_command import (
-        markdown_page,
+        PresetReport,
         need_cgroups,
         output_dir,
         parse_limits,
         parse_list,
         run_meta,
+        run_reported,
         work_dir_for,
-        write_report,
     )
 
     if options.get("repeats") not in (None, 1):
@@ -211,25 +210,20 @@ def run_pressure_bench(
     )
     plots = "![steps](pressure_steps.png) ![ledger](pressure_ledger.png)"
 
-    def report_of(runs: list[dict[str, Any]], stopped: str | None) -> tuple[dict[str, Any], str]:
-        results = [summarize_pressure_run(r) for r in runs]
-        report = {
-            **progress_fields(len(runs), planned, stopped),
-            "results": results,
-            "claims": evaluate_pressure_claims(results),
-            "runs": runs,
-            "meta": {**meta, "runs_done": len(runs), "runs_planned": planned},
-        }
-        return report, pressure_table(results)
-
-    def write(runs: list[dict[str, Any]], stopped: str | None) -> None:
-        report, table = report_of(runs, stopped)
-        write_report(out, report, markdown_page(report, table, intro, plots))
-
-    runs, stopped, status = run_keeping(
-        lambda keep: run_pressure(plan, progress, on_record=keep), write, planned
+    reporting = PresetReport(
+        out=out,
+        head={},
+        meta=meta,
+        planned=planned,
+        results_of=lambda runs: [summarize_pressure_run(r) for r in runs],
+        claims_of=evaluate_pressure_claims,
+        table_of=pressure_table,
+        intro=intro,
+        plots=plots,
     )
-    report, table = report_of(runs, stopped)  # as written after the last run, or the stop
+    runs, report, table, status = run_reported(
+        lambda keep: run_pressure(plan, progress, on_record=keep), reporting
+    )
     if runs:
         write_pressure_plots(runs, report["results"], out)
     return report, table, status

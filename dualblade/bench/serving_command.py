@@ -14,6 +14,7 @@ import json
 import platform
 import sys
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -112,28 +113,23 @@ def run_serving_bench(
         },
     )
     out = output_dir(options)
-
-    def report_of(runs: list[dict[str, Any]], stopped: str | None) -> tuple[dict[str, Any], str]:
-        results = combine_repeats([summarize_run(r) for r in runs])
-        report = {
+    reporting = PresetReport(
+        out=out,
+        head={
             "kv_working_set_bytes": working_set,
             "requests": [r.to_dict() for r in plan.requests],
-            **progress_fields(len(runs), planned, stopped),
-            "results": results,
-            "claims": evaluate_serving_claims(results),
-            "runs": runs,
-            "meta": {**meta, "runs_done": len(runs), "runs_planned": planned},
-        }
-        return report, serving_table(results)
-
-    def write(runs: list[dict[str, Any]], stopped: str | None) -> None:
-        report, table = report_of(runs, stopped)
-        write_report(out, report, markdown_page(report, table, _SERVING_INTRO, _SERVING_PLOTS))
-
-    runs, stopped, status = run_keeping(
-        lambda keep: run_serving(plan, progress, on_record=keep), write, planned
+        },
+        meta=meta,
+        planned=planned,
+        results_of=lambda runs: combine_repeats([summarize_run(r) for r in runs]),
+        claims_of=evaluate_serving_claims,
+        table_of=serving_table,
+        intro=_SERVING_INTRO,
+        plots=_SERVING_PLOTS,
     )
-    report, table = report_of(runs, stopped)  # as written after the last run, or the stop
+    runs, report, table, status = run_reported(
+        lambda keep: run_serving(plan, progress, on_record=keep), reporting
+    )
     if runs:
         write_serving_plots(report["results"], runs, out)
     return report, table, status
@@ -150,16 +146,63 @@ _SERVING_PLOTS = (
 )
 
 
+Records = list[dict[str, Any]]
+Results = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class PresetReport:
+    """How a service preset turns its runs into its report: results, claims, table, and the
+    page they go on (``out``/results.json and results.md)."""
+
+    out: Path
+    #: the report's fields before ``complete`` (the workload), and its ``meta``
+    head: dict[str, Any]
+    meta: dict[str, Any]
+    planned: int
+    results_of: Callable[[Records], Results]
+    claims_of: Callable[[Results], dict[str, Any]]
+    table_of: Callable[[Results], str]
+    intro: str
+    plots: str
+
+    def of(self, runs: Records, stopped: str | None) -> tuple[dict[str, Any], str]:
+        """The report of ``runs`` (all of them, or those before ``stopped``) and its table."""
+        results = self.results_of(runs)
+        report = {
+            **self.head,
+            **progress_fields(len(runs), self.planned, stopped),
+            "results": results,
+            "claims": self.claims_of(results),
+            "runs": runs,
+            "meta": {**self.meta, "runs_done": len(runs), "runs_planned": self.planned},
+        }
+        return report, self.table_of(results)
+
+    def write(self, runs: Records, stopped: str | None) -> None:
+        report, table = self.of(runs, stopped)
+        page = markdown_page(report, table, self.intro, self.plots)
+        write_whole(
+            self.out, {"results.json": json.dumps(report, indent=1) + "\n", "results.md": page}
+        )
+
+
+def run_reported(
+    run: Callable[[Callable[[dict[str, Any]], None]], object], reporting: PresetReport
+) -> tuple[Records, dict[str, Any], str, int]:
+    """``run(keep)`` through :func:`.stops.run_keeping`, the report written as each run ends
+    (and when a signal stops them); returns the runs, the last report, its table and the exit
+    status."""
+    runs, stopped, status = run_keeping(run, reporting.write, reporting.planned)
+    report, table = reporting.of(runs, stopped)  # as written after the last run, or the stop
+    return runs, report, table, status
+
+
 def output_dir(options: Mapping[str, Any]) -> Path:
     """The output folder of ``options`` (``--out``), made."""
     out = Path(options.get("out") or "bench-results")
     out.mkdir(parents=True, exist_ok=True)
     return out
-
-
-def write_report(out: Path, report: dict[str, Any], markdown: str) -> None:
-    """``results.json`` and ``results.md`` into ``out``, each replaced whole."""
-    write_whole(out, {"results.json": json.dumps(report, indent=1) + "\n", "results.md": markdown})
 
 
 def markdown_page(report: dict[str, Any], table: str, intro: str, plots: str) -> str:
