@@ -1,13 +1,13 @@
 """Named sweeps for ``dualblade bench --preset``: a pipeline shape, limits, policies, steps.
 
-- ``quick``: runs here in about fifteen minutes. A 32-layer, 1024-wide fp16 model at batch 16
+- ``quick``: runs here in about 17 minutes. A 32-layer, 1024-wide fp16 model at batch 16
   and 1024 rows gives a 2 GiB KV working set, 2.7 times the smallest limit; every limit stays
   below the working set plus the process's own memory, so the page cache can never hold it all
   and the baseline's LRU has to choose. Three repeats, reported as medians: this VM's disk moves
   10-25 % from one second to the next, and one run per cell put a decode on either side of its
   floor (the baseline at 0.75 GiB: 0.92 to 1.36 of it in seven runs) and compared policies run
-  a minute apart on different disks (docs/bench.md). ``--repeats 1`` still runs it once, in
-  about five minutes.
+  a minute apart, on a disk whose speed had moved between them (docs/bench.md). ``--repeats 1``
+  still runs it once, in about five minutes.
 - ``paper``: the paper's setup — OPT-6.7B, batch 32, 512 prompt + 32 new tokens (8.6 GB of KV),
   host memory limits 2–11 GiB.
 - ``long-context``: few sequences with long prompts and few new tokens, like the paper's
@@ -50,7 +50,7 @@ PRESETS: dict[str, BenchPreset] = {
     for preset in (
         BenchPreset(
             name="quick",
-            description="2 GiB of KV under 0.75–2 GiB limits, 3 repeats; about 15 minutes here",
+            description="2 GiB of KV under 0.75–2 GiB limits, 3 repeats; about 17 minutes here",
             pipeline={
                 "model": {
                     "num_layers": 32,
