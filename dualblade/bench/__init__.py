@@ -23,14 +23,10 @@ from dualblade.bench.serving_requests import RequestSpec as RequestSpec
 from dualblade.bench.serving_requests import draw_requests as draw_requests
 from dualblade.bench.soak import run_soak as run_soak
 from dualblade.bench.soak_options import SoakOptions as SoakOptions
-from dualblade.bench.stops import STOP_SIGNALS as STOP_SIGNALS
-from dualblade.bench.stops import Terminated as Terminated
 from dualblade.bench.stops import progress_fields as progress_fields
 from dualblade.bench.stops import progress_lines as progress_lines
 from dualblade.bench.stops import run_keeping as run_keeping
 from dualblade.bench.stops import say_stopped as say_stopped
-from dualblade.bench.stops import stop_of as stop_of
-from dualblade.bench.stops import terminate_raises as terminate_raises
 from dualblade.bench.stops import write_whole as write_whole
 from dualblade.bench.sweep import Sweep as Sweep
 from dualblade.bench.sweep import SweepPlan as SweepPlan

@@ -73,7 +73,7 @@ def run_serving_bench(
     """The serving preset with ``options``: writes the output folder (its results files again
     as each run ends); returns the results.json document, the markdown table and the exit
     status (see :func:`run_service_preset`)."""
-    from dualblade.bench.serving import run_serving, serving_plan, storage_for
+    from dualblade.bench.serving import run_order, run_serving, serving_plan, storage_for
     from dualblade.bench.serving_plots import write_serving_plots
     from dualblade.bench.serving_report import (
         combine_repeats,
@@ -101,7 +101,7 @@ def run_serving_bench(
     )
     shape = config.shape()
     working_set = sum(shape.total_kv_bytes(r.batch, r.max_len) for r in plan.requests)
-    planned = len(plan.policies) * len(plan.limits) * plan.repeats
+    planned = len(run_order(plan.policies, plan.limits, plan.repeats))
     meta = run_meta(
         "serving",
         {
@@ -156,7 +156,7 @@ class PresetReport:
     page they go on (``out``/results.json and results.md)."""
 
     out: Path
-    #: the report's fields before ``complete`` (the workload), and its ``meta``
+    #: the report's first fields (the workload), ahead of ``complete``
     head: dict[str, Any]
     meta: dict[str, Any]
     planned: int
@@ -249,7 +249,7 @@ def run_service_preset(name: str, options: Mapping[str, Any], progress: Progress
         raise ConfigError(
             f"unknown service preset {name!r} (presets: {', '.join(SERVICE_PRESETS)})"
         )
-    out = Path(options.get("out") or "bench-results")
+    out = output_dir(options)
     if report["stopped"] is not None:
         say_stopped(report["stopped"], out)
         return status

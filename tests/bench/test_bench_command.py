@@ -58,6 +58,10 @@ def test_bad_arguments_are_config_errors(capsys: pytest.CaptureFixture[str]) -> 
     assert "unknown policies" in capsys.readouterr().err
     assert main(["bench", "--steps", "99"]) == 2
     assert "exceeds workload.max_new_tokens" in capsys.readouterr().err
+    assert main(["bench", "--steps", "0"]) == 2  # not the preset's steps, silently
+    assert "at least one decode step" in capsys.readouterr().err
+    assert main(["bench", "--repeats", "0"]) == 2
+    assert "--repeats must be at least 1" in capsys.readouterr().err
 
 
 def test_flexgen_may_come_first_in_the_policies(

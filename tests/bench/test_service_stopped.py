@@ -12,7 +12,13 @@ from typing import Any
 
 import pytest
 
-from dualblade.bench import Terminated, run_keeping, stop_of, terminate_raises, write_whole
+from dualblade.bench.stops import (
+    Terminated,
+    run_keeping,
+    stop_of,
+    terminate_raises,
+    write_whole,
+)
 from dualblade.cli import main
 
 
